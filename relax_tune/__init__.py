@@ -1,0 +1,1 @@
+"""relax_tune: a search-based auto-tuner for TVM Relax pipelines."""

@@ -1,0 +1,149 @@
+"""Small helpers shared by every part of relax_tune: targets, workload normalisation,
+structural hashing, and plain-JSON traces."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.s_tir import Schedule, Trace
+
+FAILED_RUN_SECS = 1e10
+"""Run time recorded for a candidate that failed to build or run (MetaSchedule's kMaxMeanTime)."""
+
+
+class RelaxTuneError(ValueError):
+    """A problem the user can fix (bad target, bad work_dir, unknown op name, ...)."""
+
+
+def parse_target(target: Any = None) -> tvm.target.Target:
+    """Turn a Target, a target string, a JSON-dict, or None (the ``with target:`` scope)
+    into a ``tvm.target.Target``; raise RelaxTuneError naming the bad value otherwise."""
+    if target is None:
+        current = tvm.target.Target.current(allow_none=True)
+        if current is None:
+            raise RelaxTuneError(
+                "no target given: pass target=... (e.g. {'kind': 'llvm', 'num-cores': 2}) "
+                "or call inside `with tvm.target.Target(...):`"
+            )
+        return current
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, (str, dict)):
+        try:
+            return tvm.target.Target(target)
+        except Exception as err:  # TVM raises ValueError/TVMError with a long message
+            raise RelaxTuneError(
+                f"{target!r} is not a TVM target ({str(err).splitlines()[0]}); use e.g. "
+                "'llvm' or {'kind': 'llvm', 'mcpu': 'znver4', 'num-cores': 2}"
+            ) from None
+    raise RelaxTuneError(f"{target!r} (a {type(target).__name__}) is not a TVM target")
+
+
+def target_config(target: tvm.target.Target) -> dict:
+    """The target as a JSON dict (MetaSchedule's ``Target.ToConfig`` form)."""
+    return json.loads(str(target))
+
+
+_ISA_KEYS = ("kind", "mcpu", "mattr", "mtriple", "arch", "march", "device", "model")
+
+
+def target_compatible(record_target: tvm.target.Target | dict | None,
+                      query_target: tvm.target.Target | dict | None) -> bool:
+    """True when a schedule tuned for ``record_target`` may be used for ``query_target``.
+
+    A missing target on either side matches anything. Otherwise the kind must match, and
+    every instruction-set attribute (mcpu, mattr, mtriple, arch, ...) that both name must
+    be equal. Core counts may differ: a schedule stays valid, only its tuning is off.
+    """
+    if record_target is None or query_target is None:
+        return True
+    a = record_target if isinstance(record_target, dict) else target_config(record_target)
+    b = query_target if isinstance(query_target, dict) else target_config(query_target)
+    for key in _ISA_KEYS:
+        if key in a and key in b and a[key] != b[key]:
+            return False
+    return True
+
+
+def normalize_mod(func_or_mod: tirx.PrimFunc | tvm.IRModule) -> tvm.IRModule:
+    """A single-function IRModule named ``main`` exactly as MetaSchedule normalises it,
+    so hashes agree with MetaSchedule's databases: ``global_symbol="main"`` is added when
+    absent, ``tirx.noalias=True`` is set, and the function is keyed ``main``."""
+    if isinstance(func_or_mod, tvm.IRModule):
+        funcs = list(func_or_mod.functions.items())
+        if len(funcs) != 1:
+            raise RelaxTuneError(
+                f"a workload must hold exactly one function, this module holds {len(funcs)}")
+        func = funcs[0][1]
+    else:
+        func = func_or_mod
+    if not isinstance(func, tirx.PrimFunc):
+        raise RelaxTuneError(f"a workload must be a TIR PrimFunc, not {type(func).__name__}")
+    if func.attrs is None or "global_symbol" not in func.attrs:
+        func = func.with_attr("global_symbol", "main")
+    func = func.with_attr("tirx.noalias", True)
+    return tvm.IRModule({"main": func})
+
+
+def structural_hash(mod: tvm.IRModule, ignore_tensor: bool = False) -> int:
+    """TVM's structural hash of a workload module (what the JSON database stores)."""
+    return int(tvm_ffi.structural_hash(mod, map_free_vars=False, skip_tensor_content=ignore_tensor))
+
+
+def dynamic_shape_vars(func: tirx.PrimFunc) -> list[str]:
+    """Names of the symbolic variables in the parameter shapes (empty for static shapes)."""
+    names = []
+    for param in func.params:
+        for dim in getattr(param, "shape", None) or []:
+            if not isinstance(dim, tirx.IntImm) and str(dim) not in names:
+                names.append(str(dim))
+    return names
+
+
+def to_plain(obj: Any) -> Any:
+    """``Trace.as_json()`` output as plain Python JSON (it holds IntImm/FloatImm objects)."""
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, bool) or obj is None:
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, tirx.IntImm):
+        return bool(obj.value) if str(obj.ty) == "bool" else int(obj.value)
+    if isinstance(obj, tirx.FloatImm):
+        return float(obj.value)
+    if isinstance(obj, dict) or hasattr(obj, "items"):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    return [to_plain(x) for x in obj]
+
+
+def trace_to_json(trace: Trace) -> list:
+    """A trace (with its decisions and postprocessing) as plain JSON ``[insts, decisions]``."""
+    return to_plain(trace.as_json(remove_postproc=False))
+
+
+def schedule_from_json(mod: tvm.IRModule, trace_json: list, seed: int | None = None) -> Schedule:
+    """Replay a plain-JSON trace on a fresh traced schedule of ``mod``."""
+    sch = Schedule(mod, seed=seed, error_render_level="none") if seed else Schedule(
+        mod, error_render_level="none")
+    Trace.apply_json_to_schedule(trace_json, sch)
+    return sch
+
+
+def args_info(mod: tvm.IRModule) -> list:
+    """MetaSchedule's ``args_info`` of a workload: ``[["TENSOR", dtype, shape], ...]``."""
+    func = mod["main"]
+    out = []
+    for param in func.params:
+        shape = getattr(param, "shape", None)
+        if shape is None:
+            out.append(["SCALAR", str(param.dtype)])
+        else:
+            out.append(["TENSOR", str(param.dtype), [int(d) for d in shape]])
+    return out
