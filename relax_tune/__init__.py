@@ -1,1 +1,39 @@
-"""relax_tune: a search-based auto-tuner for TVM Relax pipelines."""
+"""relax_tune: a search-based auto-tuner for TVM Relax pipelines, shipped as IRModule passes.
+
+    import relax_tune as rt
+    seq = tvm.ir.transform.Sequential([
+        relax.get_pipeline("zero"),
+        rt.transform.TuneIRMod(params={}, work_dir=wd, max_trials_global=64),
+        rt.transform.ApplyDatabase(work_dir=wd),
+    ])
+    with target:
+        mod = seq(mod)
+
+Importing the package registers the pipeline ``relax.get_pipeline("relax_tune", ...)``.
+"""
+
+from . import database, transform
+from .database import (
+    Database,
+    JSONDatabase,
+    MemoryDatabase,
+    OrderedUnionDatabase,
+    ScheduleFnDatabase,
+    TuningRecord,
+    UnionDatabase,
+    Workload,
+)
+from .extract import ExtractedTask, extract_tasks
+from .transform import ApplyDatabase, ExtractTasks, TuneIRMod, TuneTIR, relax_tune_pipeline
+from .tune import TaskReport, tune_relax, tune_tasks, tune_tir
+from .utils import RelaxTuneError, host_target
+
+transform.register_pipeline()
+
+__all__ = [
+    "ApplyDatabase", "Database", "ExtractTasks", "ExtractedTask", "JSONDatabase",
+    "MemoryDatabase", "OrderedUnionDatabase", "RelaxTuneError", "ScheduleFnDatabase",
+    "TaskReport", "TuneIRMod", "TuneTIR", "TuningRecord", "UnionDatabase", "Workload",
+    "database", "extract_tasks", "host_target", "relax_tune_pipeline", "transform",
+    "tune_relax", "tune_tasks", "tune_tir",
+]

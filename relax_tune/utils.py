@@ -71,8 +71,12 @@ def target_compatible(record_target: tvm.target.Target | dict | None,
 
 def normalize_mod(func_or_mod: tirx.PrimFunc | tvm.IRModule) -> tvm.IRModule:
     """A single-function IRModule named ``main`` exactly as MetaSchedule normalises it,
-    so hashes agree with MetaSchedule's databases: ``global_symbol="main"`` is added when
-    absent, ``tirx.noalias=True`` is set, and the function is keyed ``main``."""
+    so hashes agree with MetaSchedule's databases: ``global_symbol`` is set to ``"main"``,
+    ``tirx.noalias=True`` is set, and the function is keyed ``main``.
+
+    MetaSchedule only adds ``global_symbol`` when absent; we overwrite it as well, so the same
+    computation hashes the same before and after ``AttachGlobalSymbol`` (for functions without
+    a symbol, the MetaSchedule case, both agree)."""
     if isinstance(func_or_mod, tvm.IRModule):
         funcs = list(func_or_mod.functions.items())
         if len(funcs) != 1:
@@ -83,9 +87,7 @@ def normalize_mod(func_or_mod: tirx.PrimFunc | tvm.IRModule) -> tvm.IRModule:
         func = func_or_mod
     if not isinstance(func, tirx.PrimFunc):
         raise RelaxTuneError(f"a workload must be a TIR PrimFunc, not {type(func).__name__}")
-    if func.attrs is None or "global_symbol" not in func.attrs:
-        func = func.with_attr("global_symbol", "main")
-    func = func.with_attr("tirx.noalias", True)
+    func = func.with_attr("global_symbol", "main").with_attr("tirx.noalias", True)
     return tvm.IRModule({"main": func})
 
 
@@ -147,3 +149,14 @@ def args_info(mod: tvm.IRModule) -> list:
         else:
             out.append(["TENSOR", str(param.dtype), [int(d) for d in shape]])
     return out
+
+
+def host_target() -> tvm.target.Target:
+    """An llvm target for the machine this runs on: LLVM's name for the host CPU and its
+    core count (never a CPU this machine cannot execute, e.g. AVX-512 on an AVX2 host)."""
+    import os
+
+    from tvm.target import codegen
+
+    return tvm.target.Target({"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu()),
+                              "num-cores": len(os.sched_getaffinity(0))})

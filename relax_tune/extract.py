@@ -1,0 +1,166 @@
+"""Tuning tasks from a Relax or TIR module: one task per distinct TIR workload."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+
+from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target, structural_hash
+
+logger = logging.getLogger("relax_tune.extract")
+
+_CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_tir_with_grad")
+
+
+@dataclass
+class ExtractedTask:
+    """One tuning task: a normalised single-function workload and where it is used.
+
+    Attributes
+    ----------
+    task_name: name of the first function with this workload (e.g. ``fused_matmul_add_relu``).
+    mod: the workload, an IRModule holding one PrimFunc named ``main`` (see ``normalize_mod``).
+    target: the target it is tuned for.
+    weight: number of ``call_tir`` sites that call it (1 for a bare TIR function).
+    dispatched: the workload modules of every function that maps to this task.
+    shash: structural hash of ``mod`` (the key the database stores).
+    func_names: names of the module functions that share this workload.
+    """
+
+    task_name: str
+    mod: tvm.IRModule
+    target: tvm.target.Target
+    weight: int
+    dispatched: list[tvm.IRModule] = field(default_factory=list)
+    shash: int = 0
+    func_names: list[str] = field(default_factory=list)
+
+
+def call_tir_counts(mod: tvm.IRModule) -> dict[str, int]:
+    """Number of ``call_tir`` sites per callee name over all Relax functions of ``mod``."""
+    ops = [tvm.ir.Op.get(name) for name in _CALL_TIR_OPS]
+    counts: dict[str, int] = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and any(expr.op.same_as(op) for op in ops):
+            callee = expr.args[0]
+            if isinstance(callee, tvm.ir.GlobalVar):
+                counts[callee.name_hint] = counts.get(callee.name_hint, 0) + 1
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return counts
+
+
+def _has_relax_functions(mod: tvm.IRModule) -> bool:
+    return any(isinstance(f, relax.Function) for _, f in mod.functions.items())
+
+
+def matches_op_names(name: str, op_names: Sequence[str] | None) -> bool:
+    """True when ``op_names`` is empty/None or ``name`` contains any of its strings."""
+    return not op_names or any(op in name for op in op_names)
+
+
+def check_op_names(op_names: Sequence[str] | None, names: Iterable[str]) -> None:
+    """Raise a clear error for an ``op_names`` entry that matches none of ``names``."""
+    if not op_names:
+        return
+    if isinstance(op_names, str):
+        raise RelaxTuneError(f"op_names must be a list of strings, not the string {op_names!r}; "
+                             f"write op_names=[{op_names!r}]")
+    names = list(names)
+    unknown = [op for op in op_names if not any(op in n for n in names)]
+    if unknown:
+        raise RelaxTuneError(
+            f"op_names {unknown} match no tunable function; the module has: "
+            f"{', '.join(sorted(set(names))) or '(none)'}")
+
+
+def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None = None,
+                  params: dict | None = None) -> list[ExtractedTask]:
+    """List the tunable tasks of ``mod``.
+
+    For a module with Relax functions, a task is a PrimFunc called through ``call_tir``
+    (weight = number of call sites; functions nobody calls are ignored). For a TIR-only
+    module every PrimFunc is a task of weight 1. Functions with the same normalised
+    workload (structural hash + structural equality) are one task. Functions with dynamic
+    shapes or already marked ``tirx.is_scheduled`` are skipped with a log line naming them.
+
+    Parameters
+    ----------
+    mod: a Relax module after legalization (e.g. ``relax.get_pipeline("zero")``), or TIR.
+    target: Target, target string/dict, or None for the ``with target:`` scope.
+    op_names: keep only tasks whose name contains any of these strings; an entry that
+        matches no function raises ``RelaxTuneError``.
+    params: optional ``{name: array}`` bound into the Relax functions before extraction.
+    """
+    if not isinstance(mod, tvm.IRModule):
+        raise RelaxTuneError(f"extract_tasks expects a tvm.IRModule, not {type(mod).__name__}")
+    target = parse_target(target)
+    if params:
+        mod = _bind_params(mod, params)
+    relax_mod = _has_relax_functions(mod)
+    counts = call_tir_counts(mod) if relax_mod else {}
+
+    candidates: list[tuple[str, tirx.PrimFunc, int]] = []
+    for gv, func in sorted(mod.functions.items(), key=lambda kv: kv[0].name_hint):
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        name = gv.name_hint
+        weight = counts.get(name, 0) if relax_mod else 1
+        if weight == 0:
+            continue
+        candidates.append((name, func, weight))
+    if relax_mod and not candidates:
+        logger.warning("no call_tir sites found: was the module legalized? "
+                       "Run relax.get_pipeline('zero') (or LegalizeOps + FuseOps + FuseTIR) first")
+    check_op_names(op_names, [name for name, _, _ in candidates])
+
+    tasks: list[ExtractedTask] = []
+    by_hash: dict[int, list[ExtractedTask]] = {}
+    for name, func, weight in candidates:
+        if not matches_op_names(name, op_names):
+            continue
+        if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+            logger.info("skipping %s: already scheduled (tirx.is_scheduled)", name)
+            continue
+        dyn = dynamic_shape_vars(func)
+        if dyn:
+            logger.warning("skipping %s: dynamic shape (symbolic %s) cannot be tuned; "
+                           "bind the shape to a constant to tune it", name, ", ".join(dyn))
+            continue
+        workload = normalize_mod(func)
+        shash = structural_hash(workload)
+        same = next((t for t in by_hash.get(shash, [])
+                     if tvm_ffi.structural_equal(t.mod, workload)), None)
+        if same is not None:
+            same.weight += weight
+            same.dispatched.append(workload)
+            same.func_names.append(name)
+            continue
+        task = ExtractedTask(task_name=name, mod=workload, target=target, weight=weight,
+                             dispatched=[workload], shash=shash, func_names=[name])
+        by_hash.setdefault(shash, []).append(task)
+        tasks.append(task)
+    return tasks
+
+
+def _bind_params(mod: tvm.IRModule, params: dict) -> tvm.IRModule:
+    """Bind ``params`` (name -> array) into every Relax function that has such parameters."""
+    out = mod
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        names = {p.name_hint for p in func.params}
+        mine = {k: v for k, v in params.items() if k in names}
+        if mine:
+            out = relax.transform.BindParams(gv.name_hint, {
+                k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(v)
+                for k, v in mine.items()})(out)
+    return out

@@ -1,0 +1,251 @@
+"""The passes users put in their pipelines, and the "relax_tune" pipeline.
+
+- ``TuneIRMod``: tune the TIR functions called from a Relax module (writes records only).
+- ``TuneTIR``: tune every TIR function of a module, one shared budget (writes records only).
+- ``ApplyDatabase``: replace each TIR function that has a record by its best schedule.
+- ``ExtractTasks``: list the tasks, leave the module unchanged.
+
+All are module passes registered with TVM's pass infrastructure, usable in
+``tvm.ir.transform.Sequential``; the target comes from an argument or the ``with target:``
+scope. Errors a user can fix raise ``RelaxTuneError``; an unexpected failure inside tuning
+or inside applying one function is logged and the compilation goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import tvm
+from tvm import relax, tirx
+
+from .database import Database, JSONDatabase
+from .extract import ExtractedTask, extract_tasks
+from .tune import TaskReport, open_database, tune_tasks
+from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target
+
+logger = logging.getLogger("relax_tune.transform")
+
+
+def _tune_module(mod: tvm.IRModule, target, work_dir, database, params, max_trials_global,
+                 max_trials_per_task, op_names, tune_kwargs) -> list[TaskReport]:
+    target = parse_target(target)
+    db = open_database(work_dir, database)
+    tasks = extract_tasks(mod, target, op_names=op_names, params=params)
+    if not tasks:
+        logger.warning("nothing to tune: no static-shape TIR function found")
+        return []
+    try:
+        return tune_tasks(tasks, max_trials_global=max_trials_global,
+                          max_trials_per_task=max_trials_per_task, database=db, **tune_kwargs)
+    except RelaxTuneError:
+        raise
+    except Exception:  # never crash the user's compilation: records written so far are kept
+        logger.exception("tuning stopped by an internal error; the compilation continues with "
+                         "the records written so far")
+        return []
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_tune.TuneIRMod")
+class TuneIRMod:
+    """Tune the TIR functions called (``call_tir``) from a Relax module.
+
+    Parameters
+    ----------
+    params: ``{name: array}`` bound into the Relax functions before extracting tasks (or None).
+    work_dir: where the JSON database is kept (created if missing).
+    max_trials_global: trials shared by all tasks.
+    max_trials_per_task: cap per task (default: the global budget).
+    op_names: keep only tasks whose name contains any of these strings.
+    target: Target/str/dict; default the ``with target:`` scope.
+    database: a Database to write to instead of work_dir's.
+    **tune_kwargs: passed on to ``relax_tune.tune.tune_tasks`` (num_trials_per_iter, builder,
+        runner, strategy, seed, ...).
+
+    The module is returned unchanged; ``reports`` holds one ``TaskReport`` per task afterwards.
+    """
+
+    def __init__(self, params: dict | None = None, work_dir: str | None = None,
+                 max_trials_global: int = 64, max_trials_per_task: int | None = None,
+                 op_names: Sequence[str] | None = None, target=None,
+                 database: Database | None = None, **tune_kwargs):
+        self.params, self.work_dir, self.database = params, work_dir, database
+        self.max_trials_global, self.max_trials_per_task = max_trials_global, max_trials_per_task
+        self.op_names, self.target, self.tune_kwargs = op_names, target, tune_kwargs
+        self.reports: list[TaskReport] = []
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """Tune, write records, return ``mod`` unchanged."""
+        self.reports = _tune_module(mod, self.target, self.work_dir, self.database, self.params,
+                                    self.max_trials_global, self.max_trials_per_task,
+                                    self.op_names, self.tune_kwargs)
+        return mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_tune.TuneTIR")
+class TuneTIR:
+    """Tune every TIR function of the module with one shared budget and one database.
+
+    Same parameters as ``TuneIRMod`` except ``params``; unlike MetaSchedule's TuneTIR it
+    accepts ``op_names`` and does not give each function the whole budget.
+    The module is returned unchanged; ``reports`` holds the per-task results afterwards.
+    """
+
+    def __init__(self, work_dir: str | None = None, max_trials_global: int = 64,
+                 max_trials_per_task: int | None = None, op_names: Sequence[str] | None = None,
+                 target=None, database: Database | None = None, **tune_kwargs):
+        self.work_dir, self.database, self.target = work_dir, database, target
+        self.max_trials_global, self.max_trials_per_task = max_trials_global, max_trials_per_task
+        self.op_names, self.tune_kwargs = op_names, tune_kwargs
+        self.reports: list[TaskReport] = []
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """Tune, write records, return ``mod`` unchanged."""
+        prims = tvm.IRModule({gv: f for gv, f in mod.functions.items()
+                              if isinstance(f, tirx.PrimFunc)})
+        self.reports = _tune_module(prims, self.target, self.work_dir, self.database, None,
+                                    self.max_trials_global, self.max_trials_per_task,
+                                    self.op_names, self.tune_kwargs)
+        return mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_tune.ExtractTasks")
+class ExtractTasks:
+    """Collect the tuning tasks into ``self.tasks``; the module passes through unchanged."""
+
+    def __init__(self, target=None, op_names: Sequence[str] | None = None,
+                 params: dict | None = None):
+        self.target, self.op_names, self.params = target, op_names, params
+        self.tasks: list[ExtractedTask] = []
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """Extract the tasks of ``mod`` and return it unchanged."""
+        self.tasks = extract_tasks(mod, self.target, op_names=self.op_names, params=self.params)
+        return mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_tune.ApplyDatabase")
+class ApplyDatabase:
+    """Replace each TIR function that has a tuning record by its best schedule.
+
+    Parameters
+    ----------
+    work_dir: directory of the JSON database (``database_workload.json`` ...).
+    database: a Database instead; default the current ``with db:`` one.
+    enable_warning: log a warning for every function without a record.
+    target: Target/str/dict; default the ``with target:`` scope. Only records made for a
+        compatible target are used.
+
+    The input module is never mutated. Replaced functions keep their attributes and get
+    ``tirx.is_scheduled``; functions already scheduled, without records, or whose record
+    fails to replay are left as they were. ``applied`` lists the replaced names afterwards.
+    """
+
+    def __init__(self, work_dir: str | None = None, database: Database | None = None,
+                 enable_warning: bool = False, target=None):
+        self.work_dir, self.database = work_dir, database
+        self.enable_warning, self.target = enable_warning, target
+        self.applied: list[str] = []
+
+    def _database(self) -> Database:
+        if self.database is not None:
+            return self.database
+        if self.work_dir is not None:
+            return JSONDatabase(work_dir=self.work_dir)
+        current = Database.current()
+        if current is None:
+            raise RelaxTuneError("ApplyDatabase needs work_dir=..., database=..., or a "
+                                 "`with database:` scope")
+        return current
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """Return a copy of ``mod`` with the tuned functions swapped in."""
+        target = parse_target(self.target)
+        db = self._database()
+        out = mod.clone()
+        self.applied = []
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+                continue
+            if dynamic_shape_vars(func):
+                continue
+            new = self._apply_one(db, gv.name_hint, func, target)
+            if new is not None:
+                out.update_func(gv, new)
+                self.applied.append(gv.name_hint)
+        return out
+
+    def _apply_one(self, db: Database, name: str, func: tirx.PrimFunc,
+                   target) -> tirx.PrimFunc | None:
+        try:
+            sch = db.query_schedule(normalize_mod(func), target)
+        except Exception as err:  # a bad record must not break the compilation
+            logger.warning("%s: could not apply its tuning record (%s); keeping it as it was",
+                           name, err)
+            return None
+        if sch is None:
+            if self.enable_warning:
+                logger.warning("%s: no tuning record for target %s; left unchanged", name,
+                               target.kind.name)
+            return None
+        new = sch.mod["main"]
+        if func.attrs is not None:
+            new = new.with_attrs(func.attrs)
+        if func.attrs is None or "global_symbol" not in func.attrs:
+            new = new.without_attr("global_symbol")
+        return new.with_attr("tirx.is_scheduled", True)
+
+
+def _backend(target: tvm.target.Target):
+    kind = target.kind.name
+    if kind == "llvm":
+        return relax.backend.cpu_generic
+    if kind == "cuda":
+        return relax.backend.cuda
+    raise RelaxTuneError(f"the relax_tune pipeline supports llvm and cuda targets, not {kind!r}")
+
+
+def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
+                        max_trials_global: int = 64, max_trials_per_task: int | None = None,
+                        op_names: Sequence[str] | None = None, params: dict | None = None,
+                        **tune_kwargs) -> tvm.transform.Pass:
+    """The "relax_tune" pipeline: lower, tune, apply the database, finish the build pipeline.
+
+    Use as ``tvm.compile(mod, target, relax_pipeline=relax.get_pipeline("relax_tune",
+    target=target, work_dir=..., max_trials_global=...))``. With ``max_trials_global=0`` it
+    only applies the records already in work_dir.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="relax_tune.pipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        tgt = parse_target(target)
+        backend = _backend(tgt)
+        tune = ([TuneIRMod(params=params, work_dir=work_dir, max_trials_global=max_trials_global,
+                           max_trials_per_task=max_trials_per_task, op_names=op_names,
+                           **tune_kwargs)]
+                if max_trials_global > 0 else [])
+        with tgt:
+            return tvm.transform.Sequential([
+                relax.transform.DecomposeOpsForInference(),
+                relax.transform.CanonicalizeBindings(),
+                *backend.library_dispatch_passes(tgt),
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                *tune,
+                ApplyDatabase(work_dir=work_dir),
+                *backend.dataflow_lower_passes(tgt),
+                *backend.finalize_passes(tgt),
+            ])(mod)
+
+    return _pipeline
+
+
+def register_pipeline() -> None:
+    """Register ``relax_tune_pipeline`` as ``relax.get_pipeline("relax_tune", ...)`` (once)."""
+    if "relax_tune" not in relax.pipeline.PIPELINE_MAP:
+        relax.register_pipeline("relax_tune")(relax_tune_pipeline)
