@@ -1,0 +1,109 @@
+"""Task extraction: names, weights, hashing, op_names filtering, skips."""
+
+import logging
+
+import pytest
+import tvm
+from tvm import relax, te
+from tvm.script import tirx as T
+
+import relax_tune as rt
+from relax_tune.demo import demo_model
+from relax_tune.extract import call_tir_counts
+
+
+def test_demo_tasks_names_and_weights(demo, target):
+    lowered, _ = demo
+    tasks = rt.extract_tasks(lowered, target)
+    assert {t.task_name: t.weight for t in tasks} == {
+        "transpose": 1, "transpose1": 1, "matmul1": 1, "fused_matmul_add_relu": 1}
+    for t in tasks:
+        assert list(t.mod.functions.keys())[0].name_hint == "main"
+        assert t.shash == rt.utils.structural_hash(t.mod)
+        assert t.target.same_as(target) or str(t.target) == str(target)
+
+
+def test_weight_counts_call_sites_and_merges_equal_functions(target):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorStructInfo((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.relu(x))
+            b = bb.emit(relax.op.nn.relu(a))
+            c = bb.emit(relax.op.add(b, b))
+            out = bb.emit_output(c)
+        bb.emit_func_output(out)
+    with target:
+        lowered = relax.transform.LegalizeOps()(bb.get())
+    assert sum(call_tir_counts(lowered).values()) == 3
+    tasks = rt.extract_tasks(lowered, target)
+    by_name = {t.task_name: t for t in tasks}
+    relu = by_name["relu"]
+    assert relu.weight == 2 and by_name["add"].weight == 1
+    assert len(tasks) == 2
+
+
+def test_same_computation_same_hash_across_models(target):
+    first, second = demo_model(), demo_model()
+    with target:
+        a = relax.get_pipeline("zero")(first[0])
+        b = relax.get_pipeline("zero")(second[0])
+        # after AttachGlobalSymbol the functions carry their own global_symbol
+        b = relax.transform.AttachGlobalSymbol()(b)
+    ha = {t.task_name: t.shash for t in rt.extract_tasks(a, target)}
+    hb = {t.task_name: t.shash for t in rt.extract_tasks(b, target)}
+    assert ha == hb
+
+
+def test_op_names_filter_and_no_duplicates(demo, target):
+    lowered, _ = demo
+    tasks = rt.extract_tasks(lowered, target, op_names=["matmul", "add", "relu"])
+    names = [t.task_name for t in tasks]
+    assert sorted(names) == ["fused_matmul_add_relu", "matmul1"]
+    assert len(set(t.shash for t in tasks)) == len(tasks)
+
+
+def test_unknown_op_name_is_a_clear_error(demo, target):
+    lowered, _ = demo
+    with pytest.raises(rt.RelaxTuneError, match="conv2d.*match no tunable function"):
+        rt.extract_tasks(lowered, target, op_names=["matmul", "conv2d"])
+    with pytest.raises(rt.RelaxTuneError, match="list of strings"):
+        rt.extract_tasks(lowered, target, op_names="matmul")
+
+
+def test_not_a_target_is_a_clear_error(demo):
+    lowered, _ = demo
+    with pytest.raises(rt.RelaxTuneError, match="not a TVM target"):
+        rt.extract_tasks(lowered, "no-such-target")
+    with pytest.raises(rt.RelaxTuneError, match="no target given"):
+        rt.extract_tasks(lowered)
+
+
+def test_tir_module_and_dynamic_shape_skip(target, caplog):
+    @T.prim_func(s_tir=True)
+    def dyn(a: T.handle, b: T.handle):
+        n = T.int64()
+        A = T.match_buffer(a, (n,), "float32")
+        B = T.match_buffer(b, (n,), "float32")
+        for i in range(n):
+            with T.sblock("B"):
+                vi = T.axis.spatial(n, i)
+                B[vi] = A[vi] * T.float32(2)
+
+    A = te.placeholder((16, 16), name="A")
+    B = te.compute((16, 16), lambda i, j: A[j, i], name="B")
+    static = te.create_prim_func([A, B])
+    mod = tvm.IRModule({"dyn": dyn, "transpose": static})
+    with caplog.at_level(logging.WARNING, logger="relax_tune"):
+        tasks = rt.extract_tasks(mod, target)
+    assert [t.task_name for t in tasks] == ["transpose"]
+    assert "dyn" in caplog.text and "dynamic shape" in caplog.text and "n" in caplog.text
+
+
+def test_extract_tasks_pass_leaves_module_unchanged(demo, target):
+    lowered, _ = demo
+    pass_ = rt.ExtractTasks(op_names=["transpose"])
+    with target:
+        out = tvm.ir.transform.Sequential([pass_])(lowered)
+    tvm.ir.assert_structural_equal(out, lowered)
+    assert sorted(t.task_name for t in pass_.tasks) == ["transpose", "transpose1"]
