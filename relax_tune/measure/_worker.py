@@ -1,0 +1,227 @@
+"""Code that runs inside the measurement worker processes (``tvm.support.popen_pool``).
+
+The parent sends these functions by reference (cloudpickle) together with plain arguments:
+strings, numbers, lists. IR objects never cross the process boundary (pickling IR segfaults
+with this TVM); the workload travels as TVMScript text and is parsed once per worker, the
+target as its JSON string. Every function here catches its own errors and returns them as
+text, so the pool only sees an exception for a crash (ChildProcessError) or a timeout.
+
+The module-level caches below live in the worker processes only (one copy per worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import tvm
+
+from ..utils import schedule_from_json
+from .base import short_error
+
+_MAX_WORKLOADS = 32
+_MAX_INPUT_SETS = 4
+
+_workloads: "OrderedDict[str, tvm.IRModule]" = OrderedDict()
+_targets: dict[str, tvm.target.Target] = {}
+_inputs: "OrderedDict[str, list]" = OrderedDict()
+
+
+def init_worker() -> None:
+    """Pool initializer: pay for ``import tvm`` (and this module) once per worker process."""
+    import tvm.runtime  # noqa: F401  (already imported; keeps the intent explicit)
+
+
+# --------------------------------------------------------------------------- builder side
+
+
+def _workload(digest: str, script: str) -> tvm.IRModule:
+    mod = _workloads.get(digest)
+    if mod is None:
+        mod = tvm.script.from_source(script)
+        if not isinstance(mod, tvm.IRModule):  # a bare PrimFunc script
+            mod = tvm.IRModule({"main": mod})
+        _workloads[digest] = mod
+        while len(_workloads) > _MAX_WORKLOADS:
+            _workloads.popitem(last=False)
+    else:
+        _workloads.move_to_end(digest)
+    return mod
+
+
+def _target(target_json: str) -> tvm.target.Target:
+    target = _targets.get(target_json)
+    if target is None:
+        target = tvm.target.Target(json.loads(target_json))
+        _targets[target_json] = target
+    return target
+
+
+def _replay_error(mod: tvm.IRModule, trace: list, err: Exception) -> str:
+    """A readable message for a trace that does not replay: ``schedule_from_json`` renders
+    no error text (``error_render_level="none"``, fast), so replay once more with "fast"."""
+    from tvm.s_tir import Schedule, Trace
+
+    try:
+        sch = Schedule(mod, error_render_level="fast")
+        Trace.apply_json_to_schedule(trace, sch)
+    except Exception as again:  # noqa: BLE001 - any error is the message we want
+        return "trace does not replay: " + short_error(again)
+    return "trace does not replay: " + short_error(err)
+
+
+def build_candidate(digest: str, script: str, target_json: str, trace_json: str | None,
+                    out_path: str) -> tuple[str | None, float]:
+    """Replay ``trace_json`` (plain-JSON trace, or None for the workload as it is) on the
+    workload, compile it for the target and export it to ``out_path`` (a ``.so`` exposing
+    ``main``). Returns ``(error or None, seconds spent)``."""
+    start = time.perf_counter()
+    stage = "parse workload"
+    try:
+        mod = _workload(digest, script)
+        target = _target(target_json)
+        if trace_json is not None:
+            stage = "replay trace"
+            trace = json.loads(trace_json)
+            try:
+                sch = schedule_from_json(mod, trace)
+            except Exception as err:  # noqa: BLE001 - ScheduleError, TVMError, ...
+                return _replay_error(mod, trace, err), time.perf_counter() - start
+            mod = sch.mod
+        stage = "compile"
+        func = mod["main"].with_attr("global_symbol", "main")  # the runner calls "main"
+        executable = tvm.compile(tvm.IRModule({"main": func}), target)
+        stage = "export"
+        executable.export_library(out_path)
+        return None, time.perf_counter() - start
+    except Exception as err:  # noqa: BLE001 - every failure becomes a result
+        try:
+            if os.path.exists(out_path):
+                os.remove(out_path)
+        except OSError:
+            pass
+        return f"{stage} failed: {short_error(err)}", time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------- runner side
+
+
+def _np_dtype(dtype: str) -> np.dtype | None:
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        pass
+    try:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, dtype))
+    except (ImportError, AttributeError, TypeError):
+        return None
+
+
+def random_inputs(args_info: list, dev: Any, seed: int) -> list:
+    """Arguments for ``main`` from ``args_info`` (``[["TENSOR", dtype, shape], ...]``):
+    seeded random tensors on ``dev`` -- floats uniform in [0, 1), integers in [0, 4),
+    booleans in {0, 1}; a SCALAR argument is 1. A dtype numpy cannot hold is allocated
+    uninitialised."""
+    rng = np.random.default_rng(seed)
+    args: list = []
+    for info in args_info:
+        kind, dtype = info[0], str(info[1])
+        if kind == "SCALAR":
+            args.append(1.0 if "float" in dtype else 1)
+            continue
+        shape = [int(d) for d in info[2]]
+        npd = _np_dtype(dtype)
+        if npd is None:
+            args.append(tvm.runtime.empty(shape, dtype, dev))
+            continue
+        if npd.kind == "b":
+            data = rng.integers(0, 2, size=shape).astype(npd)
+        elif npd.kind in "iu":
+            data = rng.integers(0, 4, size=shape).astype(npd)
+        else:
+            data = rng.random(size=shape, dtype=np.float32).astype(npd)
+        args.append(tvm.runtime.tensor(data, dev))
+    return args
+
+
+def _cached_inputs(args_info_json: str, dev: Any, seed: int) -> list:
+    key = f"{dev.dlpack_device_type()}:{dev.index}:{seed}:{args_info_json}"
+    args = _inputs.get(key)
+    if args is None:
+        args = random_inputs(json.loads(args_info_json), dev, seed)
+        _inputs[key] = args
+        while len(_inputs) > _MAX_INPUT_SETS:
+            _inputs.popitem(last=False)
+    else:
+        _inputs.move_to_end(key)
+    return args
+
+
+def _device(device_type: int, device_id: int) -> Any:
+    return tvm.device(device_type, device_id)
+
+
+def run_candidate(artifact: str, args_info_json: str, device_type: int, device_id: int,
+                  number: int, repeat: int, min_repeat_ms: int, cache_flush: bool,
+                  max_secs: float | None, budget_secs: float, seed: int
+                  ) -> tuple[list[float] | None, str | None]:
+    """Load ``artifact`` and time its ``main`` on the device with the runtime's time
+    evaluator. A single warm-up call goes first; when it alone takes longer than
+    ``max_secs``, or the full measurement would not fit in ``budget_secs``, that one time is
+    returned instead. Returns ``(run_secs, None)`` or ``(None, error)``."""
+    start = time.perf_counter()
+    stage = "load"
+    try:
+        dev = _device(device_type, device_id)
+        module = tvm.runtime.load_module(artifact)
+        stage = "warm-up call"
+        args = _cached_inputs(args_info_json, dev, seed)
+        func = module["main"]
+        t0 = time.perf_counter()
+        func(*args)
+        dev.sync()
+        first = time.perf_counter() - t0
+        if max_secs is not None and first > max_secs:
+            return [first], None
+        remaining = budget_secs - (time.perf_counter() - start)
+        projected = repeat * max(number * first, min_repeat_ms / 1e3) * 1.2 + 0.05
+        if projected > 0.8 * remaining:
+            return [first], None
+        stage = "timing"
+        evaluator = module.time_evaluator(
+            "main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+            f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "")
+        results = [float(x) for x in evaluator(*args).results]
+        return results, None
+    except Exception as err:  # noqa: BLE001 - every failure becomes a result
+        return None, f"{stage} failed: {short_error(err)}"
+
+
+def fetch_outputs(artifact: str, args_info_json: str, device_type: int, device_id: int,
+                  seed: int) -> tuple[list[np.ndarray] | None, str | None]:
+    """Call ``main`` of ``artifact`` once on fresh seeded inputs (same data as the timing
+    inputs for the same seed) and return every argument afterwards, as numpy arrays."""
+    stage = "load"
+    try:
+        dev = _device(device_type, device_id)
+        module = tvm.runtime.load_module(artifact)
+        stage = "call"
+        args = random_inputs(json.loads(args_info_json), dev, seed)
+        module["main"](*args)
+        dev.sync()
+        return [a.numpy() if hasattr(a, "numpy") else np.asarray(a) for a in args], None
+    except Exception as err:  # noqa: BLE001
+        return None, f"{stage} failed: {short_error(err)}"
+
+
+
+def cache_info() -> dict:
+    """What this worker has cached: parsed workloads, targets and input sets (diagnostics)."""
+    return {"pid": os.getpid(), "workloads": list(_workloads), "targets": len(_targets),
+            "input_sets": len(_inputs)}

@@ -1,0 +1,175 @@
+"""Result records and the two small interfaces of measurement: ``Builder`` and ``Runner``.
+
+A builder turns (workload, trace) pairs into exported shared libraries; a runner times those
+libraries on a device. Both work in batches and return exactly one result per candidate, in
+order: a failed candidate gets a failed result, it never raises. Only plain data (strings,
+paths, lists of numbers) crosses between them, so a runner on another machine (RPC) can take
+the builder's artifact paths and ``args_info`` as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..utils import FAILED_RUN_SECS
+
+logger = logging.getLogger("relax_tune.measure")
+
+ERROR_TIMEOUT = "timeout"
+"""Error text of a candidate that ran past its per-candidate time limit (its worker is killed)."""
+ERROR_CRASHED = "worker crashed"
+"""Error text of a candidate whose worker process died (segfault, abort, out of memory)."""
+
+_MAX_ERROR_LINES = 6
+_MAX_ERROR_CHARS = 600
+
+
+def short_error(err: BaseException | str, max_lines: int = _MAX_ERROR_LINES,
+                max_chars: int = _MAX_ERROR_CHARS) -> str:
+    """A short one-to-few-line description of an error: ``Type: message``, trimmed.
+
+    Python tracebacks (``Traceback (most recent call last): ...`` as the worker pool formats
+    them) are reduced to their last lines, which carry the exception and its message.
+    """
+    if isinstance(err, BaseException):
+        text = str(err).strip()
+        name = type(err).__name__
+        if not text:
+            text = name
+        elif not text.startswith(name) and "Traceback (most recent call last)" not in text:
+            text = f"{name}: {text}"
+    else:
+        text = str(err).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and lines[0].startswith("Traceback (most recent call last)"):
+        # keep the tail: "File ..." frames are noise, the message is at the end
+        tail = []
+        for line in reversed(lines):
+            if line.startswith("  File ") or line.startswith("    "):
+                if tail:
+                    break
+                continue
+            tail.append(line)
+        lines = list(reversed(tail)) or lines[-1:]
+    out = "\n".join(lines[:max_lines])
+    if len(out) > max_chars:
+        out = out[: max_chars - 3] + "..."
+    return out
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """The outcome of building one candidate.
+
+    Attributes:
+        artifact_path: the exported shared library (``.so``) exposing a function ``main``,
+            or None when the build failed.
+        error: None on success; otherwise a short message (the first lines of the error),
+            ``"timeout"`` or ``"worker crashed"``.
+        build_secs: seconds spent on this candidate in its worker (trace replay, compile and
+            export); the time limit for a timeout, 0.0 when the worker crashed.
+    """
+
+    artifact_path: str | None
+    error: str | None
+    build_secs: float
+
+    @property
+    def ok(self) -> bool:
+        """True when the candidate was built and exported."""
+        return self.error is None and self.artifact_path is not None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of timing one candidate.
+
+    Attributes:
+        run_secs: seconds per call, one entry per repeat (take the median or the mean); a
+            single entry when only the warm-up call was measured (see ``LocalRunner.run``'s
+            ``max_secs``). None when the candidate failed.
+        error: None on success; otherwise a short message, ``"timeout"`` or ``"worker crashed"``.
+    """
+
+    run_secs: list[float] | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        """True when the candidate ran and was timed."""
+        return self.error is None and self.run_secs is not None
+
+    @property
+    def mean_secs(self) -> float:
+        """Mean of ``run_secs``, or ``FAILED_RUN_SECS`` (1e10) for a failed candidate."""
+        if not self.ok or not self.run_secs:
+            return FAILED_RUN_SECS
+        return math.fsum(self.run_secs) / len(self.run_secs)
+
+    def secs_for_record(self) -> list[float]:
+        """``run_secs`` as a database record stores it: ``[1e10]`` for a failed candidate
+        (what MetaSchedule writes), the measured times otherwise."""
+        return list(self.run_secs) if self.ok and self.run_secs else [FAILED_RUN_SECS]
+
+
+def worker_output() -> int | None:
+    """Where measurement workers write their stdout/stderr: inherited from this process when
+    the ``relax_tune.measure`` logger is enabled for DEBUG, else discarded (a crashing
+    candidate makes TVM print a long backtrace; the result already says "worker crashed")."""
+    import subprocess
+
+    return None if logger.isEnabledFor(logging.DEBUG) else subprocess.DEVNULL
+
+
+class MeasureError(RuntimeError):
+    """A measurement helper that returns data (not a result record) could not finish; the
+    message is short (``"timeout"``, ``"worker crashed"``, or the first lines of the error)."""
+
+
+class Builder:
+    """Base class of builders: ``build`` a batch of candidates of one workload.
+
+    Subclasses implement ``build`` and, when they hold resources, ``shutdown``. A builder is a
+    context manager that shuts down on exit.
+    """
+
+    def build(self, workload: Any, target: Any, traces: list[list | None]) -> list[BuildResult]:
+        """Build one candidate per trace (``None`` = the workload unscheduled); one result per
+        trace, in order; never raises for a failing candidate."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Release the builder's workers and temporary files; idempotent."""
+
+    def __enter__(self) -> "Builder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+class Runner:
+    """Base class of runners: time a batch of built artifacts on the target's device.
+
+    Subclasses implement ``run`` and, when they hold resources, ``shutdown``. A runner is a
+    context manager that shuts down on exit. A runner works from artifact paths and
+    ``args_info`` only (plain data), so a remote runner can upload the same artifacts.
+    """
+
+    def run(self, artifacts: list[str | None], args_info: list, target: Any,
+            max_secs: float | None = None) -> list[RunResult]:
+        """Time each artifact's ``main`` (``None`` gives a failed result); one result per
+        artifact, in order; never raises for a failing candidate."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Release the runner's workers; idempotent."""
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

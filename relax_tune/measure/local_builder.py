@@ -1,0 +1,165 @@
+"""``LocalBuilder``: compile candidates in persistent worker processes on this machine."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+
+import tvm
+from tvm.support.popen_pool import PopenPoolExecutor
+
+from ..utils import RelaxTuneError, parse_target
+from . import _worker
+from .base import (ERROR_CRASHED, ERROR_TIMEOUT, Builder, BuildResult, logger, short_error,
+                   worker_output)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class LocalBuilder(Builder):
+    """Builds candidates in a pool of persistent worker processes.
+
+    Each worker imports TVM once (the pool initializer) and keeps parsed workloads cached by
+    the digest of their TVMScript text, so a candidate costs only its trace replay, the
+    compile and the export. A worker that crashes or runs past ``timeout_sec`` is killed and
+    replaced on its next task (``tvm.support.popen_pool``); the candidate gets a failed
+    ``BuildResult`` ("worker crashed" / "timeout") and the batch goes on.
+
+    Args:
+        max_workers: worker processes (default: the number of CPU cores).
+        timeout_sec: time limit per candidate (replay + compile + export), in seconds.
+        artifact_dir: where the exported ``.so`` files go. Default: a temporary directory
+            owned by the builder and removed by ``shutdown``. A given directory is created if
+            missing and left in place.
+    """
+
+    def __init__(self, max_workers: int | None = None, timeout_sec: float = 60.0,
+                 artifact_dir: str | None = None) -> None:
+        if max_workers is None:
+            max_workers = os.cpu_count() or 1
+        if max_workers < 1:
+            raise RelaxTuneError(f"max_workers must be at least 1, not {max_workers}")
+        if timeout_sec <= 0:
+            raise RelaxTuneError(f"timeout_sec must be positive, not {timeout_sec}")
+        self.max_workers = int(max_workers)
+        self.timeout_sec = float(timeout_sec)
+        if artifact_dir is None:
+            self.artifact_dir = tempfile.mkdtemp(prefix="relax_tune_build_")
+            self._owns_dir = True
+        else:
+            os.makedirs(artifact_dir, exist_ok=True)
+            self.artifact_dir = os.path.abspath(artifact_dir)
+            self._owns_dir = False
+        self._pool: PopenPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._counter = itertools.count()
+        self._session = uuid.uuid4().hex[:8]
+        self._closed = False
+
+    @property
+    def pool(self) -> PopenPoolExecutor:
+        """The worker pool (started on first use). Tasks submitted here run in the same
+        persistent workers as the builds."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this LocalBuilder has been shut down")
+            if self._pool is None:
+                self._pool = PopenPoolExecutor(
+                    max_workers=self.max_workers, timeout=self.timeout_sec,
+                    initializer=_worker.init_worker,
+                    stdout=worker_output(), stderr=worker_output())
+            return self._pool
+
+    def _artifact_path(self, digest: str) -> str:
+        name = f"{digest[:12]}_{self._session}_{next(self._counter):06d}.so"
+        return os.path.join(self.artifact_dir, name)
+
+    def build(self, workload: tvm.IRModule, target: tvm.target.Target | str | dict,
+              traces: list[list | None]) -> list[BuildResult]:
+        """Replay each plain-JSON trace on ``workload`` in a persistent worker, compile the
+        result for ``target`` and export it as a ``.so`` whose entry function is ``main``.
+
+        A trace of None means the workload as it is (the untuned function). Returns one
+        ``BuildResult`` per trace, in order. A trace that fails to replay, a compile error,
+        a crashed worker or a timeout gives a failed result; nothing raises for a candidate.
+        """
+        if not traces:
+            return []
+        target = parse_target(target)
+        script = workload.script()
+        digest = _digest(script)
+        target_json = str(target)
+        pool = self.pool
+        jobs: list[tuple[str, Future]] = []
+        for trace in traces:
+            out_path = self._artifact_path(digest)
+            trace_json = None if trace is None else json.dumps(trace)
+            future = pool.submit(_worker.build_candidate, digest, script, target_json,
+                                 trace_json, out_path)
+            jobs.append((out_path, future))
+        results = [self._collect(path, future) for path, future in jobs]
+        n_ok = sum(r.ok for r in results)
+        logger.debug("built %d/%d candidates of workload %s", n_ok, len(results), digest[:12])
+        return results
+
+    def _collect(self, out_path: str, future: Future) -> BuildResult:
+        try:
+            error, secs = future.result()
+        except TimeoutError:
+            self._remove(out_path)
+            logger.info("build timed out after %.1f s: %s", self.timeout_sec, out_path)
+            return BuildResult(None, ERROR_TIMEOUT, self.timeout_sec)
+        except ChildProcessError:
+            self._remove(out_path)
+            logger.warning("build worker crashed on %s", out_path)
+            return BuildResult(None, ERROR_CRASHED, 0.0)
+        except Exception as err:  # noqa: BLE001 - e.g. a pickling problem
+            self._remove(out_path)
+            return BuildResult(None, short_error(err), 0.0)
+        if error is not None:
+            logger.debug("build failed: %s", error)
+            return BuildResult(None, error, float(secs))
+        if not os.path.exists(out_path):
+            return BuildResult(None, "export produced no file", float(secs))
+        return BuildResult(out_path, None, float(secs))
+
+    @staticmethod
+    def _remove(path: str) -> None:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+    def discard(self, artifacts: list[str | None]) -> None:
+        """Delete artifacts this builder produced once they are measured (long tuning runs
+        otherwise keep every candidate's library on disk). Paths outside ``artifact_dir``
+        and None are ignored."""
+        root = os.path.abspath(self.artifact_dir)
+        for path in artifacts:
+            if path and os.path.dirname(os.path.abspath(path)) == root:
+                self._remove(path)
+
+    def shutdown(self) -> None:
+        """Stop the worker processes and, if the builder created its artifact directory,
+        remove it with every artifact in it. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            start = time.perf_counter()
+            pool.shutdown(wait=True)
+            logger.debug("builder pool shut down in %.2f s", time.perf_counter() - start)
+        if self._owns_dir:
+            shutil.rmtree(self.artifact_dir, ignore_errors=True)
