@@ -31,11 +31,6 @@ _targets: dict[str, tvm.target.Target] = {}
 _inputs: "OrderedDict[str, list]" = OrderedDict()
 
 
-def init_worker() -> None:
-    """Pool initializer: pay for ``import tvm`` (and this module) once per worker process."""
-    import tvm.runtime  # noqa: F401  (already imported; keeps the intent explicit)
-
-
 # --------------------------------------------------------------------------- builder side
 
 

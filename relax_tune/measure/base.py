@@ -124,6 +124,16 @@ def worker_output() -> int | None:
     return None if logger.isEnabledFor(logging.DEBUG) else subprocess.DEVNULL
 
 
+def worker_import_error(err: BaseException) -> str:
+    """The error text (also logged) for a worker that cannot import relax_tune: an
+    environment problem, not a candidate's, so say what to do."""
+    msg = ("measurement worker cannot import relax_tune (" + short_error(err, max_lines=2)
+           + "); the workers run `python -m tvm.exec.popen_worker` with this interpreter, so "
+           "relax_tune must be installed in it (pip install -e .) and importable")
+    logger.error(msg)
+    return msg
+
+
 class MeasureError(RuntimeError):
     """A measurement helper that returns data (not a result record) could not finish; the
     message is short (``"timeout"``, ``"worker crashed"``, or the first lines of the error)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 import json
 import os
@@ -19,7 +20,7 @@ from tvm.support.popen_pool import PopenPoolExecutor
 from ..utils import RelaxTuneError, parse_target
 from . import _worker
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, Builder, BuildResult, logger, short_error,
-                   worker_output)
+                   worker_import_error, worker_output)
 
 
 def _digest(text: str) -> str:
@@ -76,7 +77,8 @@ class LocalBuilder(Builder):
             if self._pool is None:
                 self._pool = PopenPoolExecutor(
                     max_workers=self.max_workers, timeout=self.timeout_sec,
-                    initializer=_worker.init_worker,
+                    initializer=importlib.import_module,
+                    initargs=(_worker.__name__,),
                     stdout=worker_output(), stderr=worker_output())
             return self._pool
 
@@ -123,6 +125,9 @@ class LocalBuilder(Builder):
             self._remove(out_path)
             logger.warning("build worker crashed on %s", out_path)
             return BuildResult(None, ERROR_CRASHED, 0.0)
+        except ImportError as err:
+            self._remove(out_path)
+            return BuildResult(None, worker_import_error(err), 0.0)
         except Exception as err:  # noqa: BLE001 - e.g. a pickling problem
             self._remove(out_path)
             return BuildResult(None, short_error(err), 0.0)

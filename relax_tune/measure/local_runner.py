@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 from typing import Any
@@ -13,7 +14,7 @@ from tvm.support.popen_pool import PopenPoolExecutor
 from ..utils import RelaxTuneError, parse_target
 from . import _worker
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, MeasureError, Runner, RunResult, logger,
-                   short_error, worker_output)
+                   short_error, worker_import_error, worker_output)
 
 _DEFAULT_SEED = 42
 
@@ -63,7 +64,8 @@ class LocalRunner(Runner):
                 raise RuntimeError("this LocalRunner has been shut down")
             if self._pool is None:
                 self._pool = PopenPoolExecutor(
-                    max_workers=1, timeout=self.timeout_sec, initializer=_worker.init_worker,
+                    max_workers=1, timeout=self.timeout_sec, initializer=importlib.import_module,
+                    initargs=(_worker.__name__,),
                     stdout=worker_output(), stderr=worker_output())
             return self._pool
 
@@ -120,6 +122,8 @@ class LocalRunner(Runner):
         except ChildProcessError:
             logger.warning("runner worker crashed on %s", artifact)
             return RunResult(None, ERROR_CRASHED)
+        except ImportError as err:
+            return RunResult(None, worker_import_error(err))
         except Exception as err:  # noqa: BLE001
             return RunResult(None, short_error(err))
         if error is not None:
@@ -146,6 +150,8 @@ class LocalRunner(Runner):
             raise MeasureError(ERROR_TIMEOUT) from None
         except ChildProcessError:
             raise MeasureError(ERROR_CRASHED) from None
+        except ImportError as err:
+            raise MeasureError(worker_import_error(err)) from None
         if error is not None:
             raise MeasureError(error)
         return arrays
