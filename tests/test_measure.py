@@ -131,6 +131,14 @@ def test_bad_trace_fails_alone(built):
     assert "trace does not replay" in res.error and "block" in res.error, res.error
 
 
+def test_trace_forms_and_primfunc_workload(builder, mod):
+    sch = Schedule(mod)
+    sch.parallel(sch.get_loops(sch.get_sblock("C"))[0])
+    forms = [sch.trace, json.dumps(scheduled_trace(mod)), sch.trace.as_json(remove_postproc=False)]
+    results = builder.build(mod["main"], TARGET, forms)  # a bare PrimFunc is normalised
+    assert all(r.ok for r in results), results
+
+
 def test_built_kernels_compute_matmul(built):
     rng = np.random.default_rng(0)
     a = rng.random((64, 64), dtype=np.float32)

@@ -15,9 +15,10 @@ import uuid
 from concurrent.futures import Future
 
 import tvm
+from tvm.s_tir import Trace
 from tvm.support.popen_pool import PopenPoolExecutor
 
-from ..utils import RelaxTuneError, parse_target
+from ..utils import RelaxTuneError, normalize_mod, parse_target, to_plain, trace_to_json
 from . import _worker
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, Builder, BuildResult, logger, short_error,
                    worker_import_error, worker_output)
@@ -25,6 +26,24 @@ from .base import (ERROR_CRASHED, ERROR_TIMEOUT, Builder, BuildResult, logger, s
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _available_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _trace_text(trace: object) -> str | None:
+    if trace is None or isinstance(trace, str):
+        return trace
+    if isinstance(trace, Trace):
+        return json.dumps(trace_to_json(trace))
+    try:
+        return json.dumps(trace)
+    except TypeError:  # IntImm/FloatImm straight from Trace.as_json()
+        return json.dumps(to_plain(trace))
 
 
 class LocalBuilder(Builder):
@@ -47,7 +66,7 @@ class LocalBuilder(Builder):
     def __init__(self, max_workers: int | None = None, timeout_sec: float = 60.0,
                  artifact_dir: str | None = None) -> None:
         if max_workers is None:
-            max_workers = os.cpu_count() or 1
+            max_workers = _available_cores()
         if max_workers < 1:
             raise RelaxTuneError(f"max_workers must be at least 1, not {max_workers}")
         if timeout_sec <= 0:
@@ -91,13 +110,18 @@ class LocalBuilder(Builder):
         """Replay each plain-JSON trace on ``workload`` in a persistent worker, compile the
         result for ``target`` and export it as a ``.so`` whose entry function is ``main``.
 
-        A trace of None means the workload as it is (the untuned function). Returns one
+        ``workload`` is a single-function module keyed ``main`` (``utils.normalize_mod``; a
+        bare PrimFunc is normalised here). A trace is the plain JSON of
+        ``utils.trace_to_json`` (a JSON string or a ``tvm.s_tir.Trace`` is accepted too);
+        None means the workload as it is (the untuned function). Returns one
         ``BuildResult`` per trace, in order. A trace that fails to replay, a compile error,
         a crashed worker or a timeout gives a failed result; nothing raises for a candidate.
         """
         if not traces:
             return []
         target = parse_target(target)
+        if not isinstance(workload, tvm.IRModule):
+            workload = normalize_mod(workload)
         script = workload.script()
         digest = _digest(script)
         target_json = str(target)
@@ -105,7 +129,7 @@ class LocalBuilder(Builder):
         jobs: list[tuple[str, Future]] = []
         for trace in traces:
             out_path = self._artifact_path(digest)
-            trace_json = None if trace is None else json.dumps(trace)
+            trace_json = _trace_text(trace)
             future = pool.submit(_worker.build_candidate, digest, script, target_json,
                                  trace_json, out_path)
             jobs.append((out_path, future))
