@@ -137,6 +137,8 @@ def test_trace_forms_and_primfunc_workload(builder, mod):
     forms = [sch.trace, json.dumps(scheduled_trace(mod)), sch.trace.as_json(remove_postproc=False)]
     results = builder.build(mod["main"], TARGET, forms)  # a bare PrimFunc is normalised
     assert all(r.ok for r in results), results
+    odd = builder.build(mod, TARGET, [[[["Parallel", [object()], [], []]], []], None])
+    assert not odd[0].ok and odd[0].error.startswith("bad trace") and odd[1].ok
 
 
 def test_built_kernels_compute_matmul(built):

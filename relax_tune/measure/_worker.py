@@ -185,8 +185,8 @@ def run_candidate(artifact: str, args_info_json: str, device_type: int, device_i
         if max_secs is not None and first > max_secs:
             return [first], None
         remaining = budget_secs - (time.perf_counter() - start)
-        projected = repeat * max(number * first, min_repeat_ms / 1e3) * 1.2 + 0.05
-        if projected > 0.8 * remaining:
+        projected = repeat * max(number * first, min_repeat_ms / 1e3) * 1.1 + 0.05
+        if projected > 0.9 * remaining:  # would time out: keep what we have
             return [first], None
         stage = "timing"
         evaluator = module.time_evaluator(

@@ -126,14 +126,19 @@ class LocalBuilder(Builder):
         digest = _digest(script)
         target_json = str(target)
         pool = self.pool
-        jobs: list[tuple[str, Future]] = []
+        jobs: list[tuple[str, Future | BuildResult]] = []
         for trace in traces:
             out_path = self._artifact_path(digest)
-            trace_json = _trace_text(trace)
+            try:
+                trace_json = _trace_text(trace)
+            except Exception as err:  # noqa: BLE001 - not JSON-serialisable: this one fails
+                jobs.append((out_path, BuildResult(None, "bad trace: " + short_error(err), 0.0)))
+                continue
             future = pool.submit(_worker.build_candidate, digest, script, target_json,
                                  trace_json, out_path)
             jobs.append((out_path, future))
-        results = [self._collect(path, future) for path, future in jobs]
+        results = [job if isinstance(job, BuildResult) else self._collect(path, job)
+                   for path, job in jobs]
         n_ok = sum(r.ok for r in results)
         logger.debug("built %d/%d candidates of workload %s", n_ok, len(results), digest[:12])
         return results

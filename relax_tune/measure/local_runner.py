@@ -25,7 +25,9 @@ class LocalRunner(Runner):
     Candidates are timed strictly one after another (timings never overlap). The worker
     loads each artifact with ``tvm.runtime.load_module``, makes its inputs once per
     ``args_info`` (seeded random data, cached in the worker), makes one warm-up call and then
-    calls ``time_evaluator("main", dev, number, repeat, min_repeat_ms)``. A candidate that
+    calls ``time_evaluator("main", dev, number, repeat, min_repeat_ms)``. A candidate whose
+    full measurement would not fit in ``timeout_sec`` (judged from the warm-up call) keeps the
+    warm-up time as its single ``run_secs`` entry instead of timing out. A candidate that
     cannot be loaded, raises, segfaults or runs past ``timeout_sec`` gets a failed
     ``RunResult``; the worker is replaced if it died and the next candidate is timed.
 
