@@ -535,3 +535,37 @@ def test_package_does_not_import_metaschedule():
                          re.MULTILINE)
     for path in root.glob("*.py"):
         assert not pattern.search(path.read_text()), path
+
+
+def test_ignore_tensor_matches_modules_differing_in_tensor_contents(tmp_path):
+    import numpy as np
+
+    func = matmul()
+    ones = normalize_mod(func.with_attr("weights", tvm.runtime.tensor(np.ones(4, "float32"))))
+    zeros = normalize_mod(func.with_attr("weights", tvm.runtime.tensor(np.zeros(4, "float32"))))
+    assert structural_hash(ones) != structural_hash(zeros)
+    db = JSONDatabase(work_dir=tmp_path, module_equality="ignore-tensor")
+    [record] = fill(db, ones, [1e-4])
+    assert not MemoryDatabase().has_workload(zeros)
+    reloaded = JSONDatabase(work_dir=tmp_path, module_equality="ignore-tensor")
+    assert reloaded.has_workload(zeros)
+    sch = reloaded.query_schedule(zeros, T_X86)
+    assert tvm_ffi.structural_equal(sch.mod, expected_mod(zeros, record.trace_json))
+    assert not JSONDatabase(work_dir=tmp_path).has_workload(zeros)  # structural: no match
+
+
+def test_two_writers_on_one_work_dir_keep_indices_apart(tmp_path, mm, mm32):
+    first = JSONDatabase(work_dir=tmp_path)
+    second = JSONDatabase(work_dir=tmp_path)  # opened before `first` commits anything
+    fill(first, mm, [1e-4])
+    fill(second, mm32, [2e-4])  # must become workload line 2, not a second "line 1"
+    fill(second, mm, [5e-5])  # mm is known to `second` after catching up: no new line
+    assert (tmp_path / "database_workload.json").read_text().count("\n") == 2
+    assert len(second) == 3 and len(first) == 1
+    first.refresh()
+    assert len(first) == 3
+    assert first.query_tuning_record(mm, T_X86).mean_run_secs == pytest.approx(5e-5)
+    reloaded = JSONDatabase(work_dir=tmp_path)
+    assert reloaded.query_tuning_record(mm32, T_X86).mean_run_secs == pytest.approx(2e-4)
+    assert [json.loads(line)[0] for line in
+            (tmp_path / "database_tuning_record.json").read_text().splitlines()] == [0, 1, 0]

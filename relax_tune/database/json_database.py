@@ -10,14 +10,26 @@ and we read theirs):
 Unlike MetaSchedule, ``work_dir`` is created when missing, a corrupt or truncated line is skipped
 with a warning naming the file and line while the rest loads, and files whose last line lacks its
 newline get one before the next append (so a new line never fuses with a torn one). Loading
-never rewrites a file; commits only append.
+never rewrites a file; commits only append. Each commit first takes an exclusive ``flock`` on the
+workload file and reads the lines other writers (another JSONDatabase on the same files, in this
+process or another) appended since, so workload indices never collide.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterator
+
+import tvm
+from tvm import tirx
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no inter-process locking
+    fcntl = None  # type: ignore[assignment]
 
 from ..utils import RelaxTuneError
 from .indexed import IndexedDatabase, try_normalize
@@ -42,16 +54,6 @@ def _ensure_dir(path: str, what: str) -> None:
     except OSError as err:
         raise RelaxTuneError(f"cannot create {what} {path!r} ({err.strerror or err}): pass a "
                              "directory you can write to") from None
-
-
-def _read_lines(path: str) -> tuple[list[str], bool]:
-    """The lines of ``path`` and whether its last line lacks a newline (a torn write)."""
-    with open(path, "rb") as file:
-        text = file.read().decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return lines, bool(text) and not text.endswith("\n")
 
 
 def _describe(err: BaseException) -> str:
@@ -91,11 +93,14 @@ class JSONDatabase(IndexedDatabase):
         self.path_workload: str = os.fspath(path_workload)
         self.path_tuning_record: str = os.fspath(path_tuning_record)
         self._unwritable: list[str] = []
-        self._torn: dict[str, bool] = {}
+        self._offset: dict[str, int] = {}  # bytes of each file consumed so far
+        self._lines: dict[str, int] = {}  # lines of each file consumed so far
+        self._torn: dict[str, bool] = {}  # whether the last consumed line lacks its newline
         for path in (self.path_workload, self.path_tuning_record):
             self._open(path, allow_missing)
-        self._load_workloads()
-        self._load_records()
+            self._offset[path], self._lines[path], self._torn[path] = 0, 0, False
+        with self._locked(shared=True):
+            pass
 
     def __repr__(self) -> str:
         return (f"JSONDatabase({self.path_workload!r}, {self.path_tuning_record!r}: "
@@ -106,7 +111,45 @@ class JSONDatabase(IndexedDatabase):
         """True when the files could be read but not written (commits raise)."""
         return bool(self._unwritable)
 
+    def refresh(self) -> None:
+        """Load the lines other writers appended to the files since this database read them."""
+        with self._locked(shared=True):
+            pass
+
+    def commit_workload(self, mod: tvm.IRModule | tirx.PrimFunc) -> Workload:
+        """As ``Database.commit_workload``; a new workload is appended to the workload file."""
+        with self._locked():
+            return super().commit_workload(mod)
+
+    def commit_tuning_record(self, record: TuningRecord) -> None:
+        """As ``Database.commit_tuning_record``; the record is appended to the record file."""
+        with self._locked():
+            super().commit_tuning_record(record)
+
     # ------------------------------------------------------------------ files
+    @contextlib.contextmanager
+    def _locked(self, shared: bool = False) -> Iterator[None]:
+        """Hold a lock on the workload file and catch up with other writers' lines first."""
+        try:
+            lock = open(self.path_workload, "rb")
+        except OSError as err:
+            raise RelaxTuneError(f"cannot open database file {self.path_workload!r} "
+                                 f"({err.strerror or err}): was it moved or deleted?") from None
+        with lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            try:
+                try:
+                    self._read_new()
+                except OSError as err:
+                    raise RelaxTuneError(f"cannot read database file {err.filename!r} "
+                                         f"({err.strerror or err}): was it moved or deleted?") \
+                        from None
+                yield
+            finally:
+                if fcntl is not None:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+
     def _open(self, path: str, allow_missing: bool) -> None:
         """Check ``path`` can be used, creating it (and its directory) empty when missing."""
         if os.path.isdir(path):
@@ -139,15 +182,18 @@ class JSONDatabase(IndexedDatabase):
         line = json.dumps(value, separators=(",", ":"), allow_nan=False) + "\n"
         if self._torn.get(path):
             line = "\n" + line  # end the torn last line first; it stays a (skipped) bad line
+        data = line.encode("utf-8")
         try:
-            with open(path, "a", encoding="utf-8") as file:
-                file.write(line)
+            with open(path, "ab") as file:
+                file.write(data)
                 file.flush()
                 os.fsync(file.fileno())
         except OSError as err:
             raise RelaxTuneError(f"cannot append to database file {path!r} "
                                  f"({err.strerror or err}); records already there are intact") \
                 from None
+        self._offset[path] += len(data)
+        self._lines[path] += 1
         self._torn[path] = False
 
     def _write_workload(self, workload: Workload, index: int) -> None:
@@ -170,11 +216,46 @@ class JSONDatabase(IndexedDatabase):
             logger.warning("%s: %d bad lines skipped in all (%d not shown)", path, count[0],
                            count[0] - _MAX_WARNINGS_PER_FILE)
 
-    def _load_workloads(self) -> None:
+    def _new_lines(self, path: str) -> Iterator[tuple[int, str]]:
+        """The (1-based line number, text) of the lines appended to ``path`` since last read.
+
+        A last line without its newline (a torn write) is returned too and remembered, so the
+        next append starts a new line; if a later reader finds it continued, the continuation is
+        dropped (the torn line was already counted)."""
+        offset = self._offset[path]
+        size = os.path.getsize(path)
+        if size < offset:
+            logger.warning("%s shrank from %d to %d bytes since it was loaded: something else "
+                           "rewrote it; reopen the database to see its contents", path, offset,
+                           size)
+            self._offset[path] = size
+            return
+        if size == offset:
+            return
+        with open(path, "rb") as file:
+            file.seek(offset)
+            data = file.read(size - offset)
+        self._offset[path] = offset + len(data)
+        chunks = data.split(b"\n")
+        if chunks[-1] == b"":
+            chunks.pop()
+        if self._torn[path] and chunks:
+            chunks.pop(0)
+        self._torn[path] = not data.endswith(b"\n")
+        first = self._lines[path] + 1
+        self._lines[path] += len(chunks)
+        for lineno, chunk in enumerate(chunks, start=first):
+            yield lineno, chunk.decode("utf-8", errors="replace")
+
+    def _read_new(self) -> None:
+        """Load the workload lines, then the record lines, not read yet."""
+        self._read_new_workloads()
+        self._read_new_records()
+
+    def _read_new_workloads(self) -> None:
         path = self.path_workload
-        lines, self._torn[path] = _read_lines(path)
         count = [0]
-        for lineno, line in enumerate(lines, start=1):
+        for lineno, line in self._new_lines(path):
             try:
                 if not line.strip():
                     raise RelaxTuneError("empty line")
@@ -186,12 +267,11 @@ class JSONDatabase(IndexedDatabase):
                 self._add_hole()
         self._summarise(path, count)
 
-    def _load_records(self) -> None:
+    def _read_new_records(self) -> None:
         path = self.path_tuning_record
-        lines, self._torn[path] = _read_lines(path)
         count = [0]
         n_workloads = len(self._workloads)
-        for lineno, line in enumerate(lines, start=1):
+        for lineno, line in self._new_lines(path):
             try:
                 if not line.strip():
                     raise RelaxTuneError("empty line")
