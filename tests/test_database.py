@@ -103,6 +103,7 @@ def fill(db: Database, mod: tvm.IRModule, times: list[float | None],
 
 
 def expected_mod(mod: tvm.IRModule, trace: list) -> tvm.IRModule:
+    """The module ``trace`` produces on ``mod``."""
     sch = Schedule(mod)
     tvm.s_tir.Trace.apply_json_to_schedule(trace, sch)
     return sch.mod

@@ -10,13 +10,14 @@ module its trace was made for (under ``"anchor-block"`` a group may hold several
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..utils import RelaxTuneError, normalize_mod
+from ..utils import RelaxTuneError, normalize_mod, target_compatible
 from .base import Database, query_target_config, rank
 from .records import TuningRecord, Workload
 
@@ -161,9 +162,11 @@ class IndexedDatabase(Database):
         if group is None or top_k == 0:
             return []
         ranked = self._ranked_group(group)
-        if target is not None:
-            ranked = rank(ranked, query_target_config(target))
-        return ranked[:top_k]
+        if target is None:
+            return ranked[:top_k]
+        config = query_target_config(target)
+        return list(itertools.islice(
+            (rec for rec in ranked if target_compatible(rec.target_config, config)), top_k))
 
     def get_records(self, workload: Workload) -> list[TuningRecord]:
         """All records of ``workload``'s group, failed ones included, in commit order."""
@@ -192,4 +195,5 @@ class IndexedDatabase(Database):
         group = self._find_group(mod, self._equality.hash(mod))
         if group is None:
             return iter(())
-        return iter(rank(self._ranked_group(group), target))
+        return (rec for rec in self._ranked_group(group)
+                if target_compatible(rec.target_config, target))
