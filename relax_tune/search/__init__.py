@@ -1,0 +1,42 @@
+"""Search strategies: where the next candidates of a task come from.
+
+    search = make_search("replay", mod, target, seed=1)
+    cands = search.next_candidates(8, exclude=keys_already_in_the_database)
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tvm
+
+from ..utils import RelaxTuneError
+from .base import Candidate, SearchStrategy, candidate_key
+from .replay import ReplaySearch
+
+SearchFactory = Callable[..., SearchStrategy]
+_SEARCHES: dict[str, SearchFactory] = {"replay": ReplaySearch}
+
+
+def register_search(name: str, factory: SearchFactory) -> None:
+    """Make ``make_search(name, mod, target, seed)`` call ``factory(mod, target, seed=seed)``."""
+    _SEARCHES[name] = factory
+
+
+def search_names() -> list[str]:
+    """The registered search strategy names."""
+    return sorted(_SEARCHES)
+
+
+def make_search(name: str, mod: tvm.IRModule, target: tvm.target.Target,
+                seed: int = 1) -> SearchStrategy:
+    """The search strategy registered as ``name`` ("replay"; "evolutionary" comes later)
+    for the workload ``mod`` on ``target``."""
+    factory = _SEARCHES.get(name)
+    if factory is None:
+        raise RelaxTuneError(f"unknown search strategy {name!r}: use one of {search_names()}")
+    return factory(mod, target, seed=seed)
+
+
+__all__ = ["Candidate", "ReplaySearch", "SearchStrategy", "candidate_key", "make_search",
+           "register_search", "search_names"]

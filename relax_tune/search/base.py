@@ -1,0 +1,53 @@
+"""What every search strategy shares: the candidate value object, its key, the base class."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from tvm.s_tir import Schedule
+
+
+@dataclass
+class Candidate:
+    """One scheduled candidate, ready to build.
+
+    Attributes:
+        sch: the scheduled (traced) schedule, in this process.
+        trace_json: ``utils.trace_to_json(sch.trace)``: replayable with
+            ``utils.schedule_from_json`` on the workload, postprocessing included.
+        key: ``candidate_key(trace_json)``.
+    """
+
+    sch: Schedule
+    trace_json: list
+    key: str
+
+
+def candidate_key(trace_json: list) -> str:
+    """A stable digest of a trace's instructions and decisions: the same schedule gives the
+    same key in every process (it hashes the canonical JSON text)."""
+    text = json.dumps(trace_json, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+class SearchStrategy:
+    """A source of candidates for one task.
+
+    ``next_candidates(n, exclude)`` returns up to ``n`` new candidates, never one returned
+    before or whose key is in ``exclude``; fewer (possibly none) when the space is exhausted.
+    ``update(candidates, run_secs)`` tells the strategy how measured candidates did (a no-op
+    for strategies that do not learn).
+    """
+
+    name = "base"
+
+    def next_candidates(self, n: int, exclude: set[str] | frozenset[str] = frozenset()
+                        ) -> list[Candidate]:
+        """Up to ``n`` new valid candidates (see the class docstring)."""
+        raise NotImplementedError
+
+    def update(self, candidates: list[Candidate], run_secs: list[float]) -> None:
+        """Measured results of earlier candidates (mean seconds; failures as a large value)."""
+        return None

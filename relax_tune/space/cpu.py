@@ -1,0 +1,37 @@
+"""The CPU ("llvm") design space: which rules and postprocessors, in which order."""
+
+from __future__ import annotations
+
+import tvm
+
+from .generator import SpaceGenerator, register_space
+from .inline import AutoInline
+from .multi_level_tiling import MultiLevelTiling
+from .parallel_vectorize_unroll import ParallelVectorizeUnroll, RewriteParallelVectorizeUnroll
+from .params import TargetParams
+from .postproc import RewriteReductionBlock
+from .rule import Postproc, ScheduleRule
+
+
+def cpu_rules(params: TargetParams) -> list[ScheduleRule]:
+    """The CPU schedule rules, in application order: inline elementwise producers, tile
+    reductions (with a write cache or fused epilogue), then parallel/vectorise/unroll."""
+    return [
+        AutoInline(into_consumer=True, into_producer=False),
+        MultiLevelTiling(params, structure="SSRSRS", write_levels=(1, 2)),
+        ParallelVectorizeUnroll(params),
+    ]
+
+
+def cpu_postprocs(params: TargetParams) -> list[Postproc]:
+    """The CPU postprocessors, in order: loop kinds and unroll pragmas first, then the
+    reduction inits are decomposed out of the reduction loops."""
+    return [RewriteParallelVectorizeUnroll(params), RewriteReductionBlock()]
+
+
+def cpu_space(target: tvm.target.Target, params: TargetParams) -> SpaceGenerator:
+    """The design space for an ``llvm`` target."""
+    return SpaceGenerator(target, cpu_rules(params), cpu_postprocs(params), params)
+
+
+register_space("llvm", cpu_space)

@@ -1,0 +1,176 @@
+"""Multi-level tiling of reduction blocks (structure "SSRSRS" on CPU) with a write cache or a
+fused elementwise epilogue placed at a tile level."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+
+from . import analysis as A
+from .params import ANN_TILED, TargetParams
+from .rule import ScheduleRule
+
+logger = logging.getLogger("relax_tune.space")
+
+
+@dataclass
+class _Tiled:
+    """A schedule after tiling: the loops of each tile level, outermost level first."""
+
+    sch: Schedule
+    block: SBlockRV
+    tiles: list[list[LoopRV]] = field(default_factory=list)
+
+
+class MultiLevelTiling(ScheduleRule):
+    """Tile every loop of a reduction block into levels and reorder them by ``structure``
+    (one letter per level, "S" spatial / "R" reduction, outermost first), with the tile
+    sizes drawn by ``sample_perfect_tile``.
+
+    Sampling is biased toward useful tiles: the innermost spatial loop (the one that will be
+    vectorised) is first split by the vector lanes when its extent allows, so its innermost
+    tile is always a multiple of the lanes and at most ``max_vector_registers_per_loop``
+    registers; other innermost spatial tiles are at most ``max_innermost_spatial``, the
+    innermost reduction tile at most ``max_innermost_reduction``.
+
+    The result is written back through a cache at each level of ``write_levels`` (one sketch
+    per level, plus one without a cache), or, when the block's only consumer is an
+    elementwise block (bias add, ReLU...), that consumer is fused at each level instead.
+
+    Args:
+        params: the target's parameters.
+        structure: the tile levels, e.g. "SSRSRS".
+        write_levels: 1-based spatial tile levels where the write cache / epilogue goes.
+        keep_unfused: also keep the sketch without a write cache or fused epilogue.
+    """
+
+    name = "multi_level_tiling"
+
+    def __init__(self, params: TargetParams, structure: str = "SSRSRS",
+                 write_levels: tuple[int, ...] = (1, 2), keep_unfused: bool = True) -> None:
+        if not structure or set(structure) - {"S", "R"} or "S" not in structure:
+            raise ValueError(f"bad tiling structure {structure!r}: use letters S and R")
+        self.params = params
+        self.structure = structure
+        self.write_levels = tuple(write_levels)
+        self.keep_unfused = keep_unfused
+        self.s_levels = [i for i, c in enumerate(structure) if c == "S"]
+        self.r_levels = [i for i, c in enumerate(structure) if c == "R"]
+
+    def apply(self, sch: Schedule, block: SBlockRV) -> list[Schedule]:
+        """Tile ``block`` when it needs it; returns one schedule per write-back variant."""
+        if not A.needs_multi_level_tiling(sch, block):
+            return [sch]
+        loops = sch.get_loops(block)
+        types = A.iter_types(sch, block)
+        if len(loops) != len(types) or any(t not in (A.DATA_PAR, A.COMM_REDUCE) for t in types):
+            return [sch]
+        name = sch.get(block).name_hint
+        try:
+            tiled = self._tile(sch, block, loops, types)
+        except Exception as err:  # a primitive refused: keep the block as it is
+            logger.debug("cannot tile %s: %s", name, err)
+            return [sch]
+        results = self._write_back(tiled)
+        logger.debug("tiled %s (%s): %d variants", name, self.structure, len(results))
+        return results
+
+    # -- tiling ---------------------------------------------------------------------------
+
+    def _tile(self, sch: Schedule, block: SBlockRV, loops: list[LoopRV],
+              types: list[int]) -> _Tiled:
+        n_levels = len(self.structure)
+        tiles: list[list[LoopRV]] = [[] for _ in range(n_levels)]
+        spatial_idx = [i for i, t in enumerate(types) if t == A.DATA_PAR]
+        vec_loop = None
+        for i in reversed(spatial_idx):
+            if A.loop_extent(sch, loops[i]) != 1:
+                vec_loop = i
+                break
+        lanes = self.params.lanes(A.write_dtype(sch, block))
+        for i, (loop, kind) in enumerate(zip(loops, types)):
+            extent = A.loop_extent(sch, loop)
+            levels = self.s_levels if kind == A.DATA_PAR else self.r_levels
+            if extent is None:
+                raise ValueError("symbolic loop extent")
+            if extent == 1 or len(levels) == 1:
+                tiles[levels[0]].append(loop)
+                continue
+            if kind == A.COMM_REDUCE:
+                parts = self._split(sch, loop, len(levels), self.params.max_innermost_reduction)
+                for lvl, part in zip(levels, parts):
+                    tiles[lvl].append(part)
+            elif i == vec_loop and lanes > 1 and extent == lanes:
+                tiles[levels[-1]].append(loop)
+            elif i == vec_loop and lanes > 1 and extent % lanes == 0:
+                outer, inner = sch.split(loop, [None, lanes])
+                max_regs = max(1, self.params.max_vector_registers_per_loop)
+                parts = self._split(sch, outer, len(levels), max_regs)
+                for lvl, part in zip(levels, parts):
+                    tiles[lvl].append(part)
+                tiles[levels[-1]].append(inner)
+            else:
+                max_inner = (self.params.max_innermost_generic if i == vec_loop
+                             else self.params.max_innermost_spatial)
+                parts = self._split(sch, loop, len(levels), max_inner)
+                for lvl, part in zip(levels, parts):
+                    tiles[lvl].append(part)
+        order = [lp for level in tiles for lp in level]
+        if len(order) > 1:
+            sch.reorder(*order)
+        sch.annotate(block, ANN_TILED, self.structure)
+        return _Tiled(sch, block, tiles)
+
+    @staticmethod
+    def _split(sch: Schedule, loop: LoopRV, n: int, max_innermost: int) -> list[LoopRV]:
+        factors = sch.sample_perfect_tile(loop, n=n, max_innermost_factor=max_innermost)
+        return list(sch.split(loop, factors))
+
+    # -- write back -----------------------------------------------------------------------
+
+    def _levels(self, tiled: _Tiled) -> list[tuple[int, LoopRV]]:
+        out = []
+        for level in self.write_levels:
+            if 1 <= level <= len(self.s_levels):
+                loops = tiled.tiles[self.s_levels[level - 1]]
+                if loops:
+                    out.append((level, loops[-1]))
+        return out
+
+    def _write_back(self, tiled: _Tiled) -> list[Schedule]:
+        sch, block = tiled.sch, tiled.block
+        levels = self._levels(tiled)
+        if not levels:
+            return [sch]
+        consumers = sch.get_consumers(block)
+        results: list[Schedule] = []
+        if len(consumers) == 1 and A.is_elementwise_consumer(sch, block, consumers[0]):
+            for _level, loop in levels:
+                trial = sch.copy()
+                try:
+                    trial.reverse_compute_at(consumers[0], loop, preserve_unit_loops=True)
+                    results.append(trial)
+                except Exception as err:
+                    logger.debug("cannot fuse the epilogue at a tile level: %s", err)
+            if results:
+                if self.keep_unfused:
+                    results.insert(0, sch)
+                return results
+        if self.keep_unfused:
+            results.append(sch.copy())
+        try:
+            cache = sch.cache_write(block, 0, "global")
+        except Exception as err:
+            logger.debug("cannot add a write cache: %s", err)
+            return results or [sch]
+        for _level, loop in levels:
+            trial = sch.copy()
+            try:
+                trial.reverse_compute_at(cache, loop, preserve_unit_loops=True)
+                results.append(trial)
+            except Exception as err:
+                logger.debug("cannot place the write cache at a tile level: %s", err)
+        return results or [sch]

@@ -1,0 +1,223 @@
+"""Parallelise outer loops, vectorise inner loops and unroll with a sampled step.
+
+The rule only records intent on the root block (the budget for parallel jobs and vector
+width, and a sampled ``pragma_auto_unroll_max_step``); the postprocessor, run on each
+sampled candidate, reads those annotations and rewrites the concrete loop nest, whose
+extents depend on the sampled tiles. Both run at trace level, so a candidate's trace
+replays to the same program (``tvm.compile`` ignores block annotations, hence the rewrite).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+import tvm_ffi
+from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+
+from . import analysis as A
+from .params import ANN_PARALLEL, ANN_UNROLL, ANN_VECTORIZE, TargetParams, dtype_bytes
+from .rule import Postproc, ScheduleRule
+
+logger = logging.getLogger("relax_tune.space")
+
+
+class ParallelVectorizeUnroll(ScheduleRule):
+    """On the root block: annotate the parallel budget (cores x jobs per core), the vector
+    budget (bytes) and, when the function has a reduction, a ``sample_categorical`` over
+    ``unroll_max_steps`` (uniform). Other blocks are left alone."""
+
+    name = "parallel_vectorize_unroll"
+
+    def __init__(self, params: TargetParams, parallel: bool = True, vectorize: bool = True,
+                 unroll: bool = True) -> None:
+        self.params = params
+        self.parallel = parallel
+        self.vectorize = vectorize
+        self.unroll = unroll
+
+    def apply(self, sch: Schedule, block: SBlockRV) -> list[Schedule]:
+        """Annotate ``block`` if it is the root block; returns ``[sch]``."""
+        if not A.is_root(sch, block):
+            return [sch]
+        if self.parallel and self.params.max_parallel_extent > 1:
+            sch.annotate(block, ANN_PARALLEL, int(self.params.max_parallel_extent))
+        if self.vectorize and self.params.max_vectorize_bytes > 1:
+            sch.annotate(block, ANN_VECTORIZE, int(self.params.max_vectorize_bytes))
+        steps = [int(s) for s in self.params.unroll_max_steps]
+        if self.unroll and steps and any(s > 0 for s in steps) and _has_reduction(sch):
+            if len(steps) == 1:
+                sch.annotate(block, ANN_UNROLL, steps[0])
+            else:
+                step = sch.sample_categorical(steps, [1.0 / len(steps)] * len(steps))
+                sch.annotate(block, ANN_UNROLL, step)
+        return [sch]
+
+
+def _has_reduction(sch: Schedule) -> bool:
+    """Whether any block of the function has a non-spatial iter var (read from the IR, so
+    nothing is added to the trace)."""
+    found = []
+
+    def on_block(blk) -> None:
+        if any(int(iv.iter_type) != A.DATA_PAR for iv in blk.iter_vars):
+            found.append(blk)
+
+    tvm_ffi.structural_walk(sch.mod[A.func_name_of(sch)].body, [(tvm.s_tir.SBlock, on_block)])
+    return bool(found)
+
+
+def _ann_int(annotations, key: str) -> int | None:
+    if key not in annotations:
+        return None
+    try:
+        return int(annotations[key])
+    except (TypeError, ValueError):
+        try:
+            return int(annotations[key].value)
+        except Exception:
+            return None
+
+
+class RewriteParallelVectorizeUnroll(Postproc):
+    """Turn the root annotations of :class:`ParallelVectorizeUnroll` into loop kinds, for
+    every block directly under the root:
+
+    - vectorise: fuse the innermost free spatial loops whose accesses stay linear, while the
+      product fits the vector budget; an innermost loop that alone exceeds it is split by
+      its largest divisor that fits (preferring multiples of the lanes) when all accesses
+      are contiguous along it;
+    - parallelise: fuse the outermost free spatial loops until the parallel budget is
+      reached (or a loop has several children), and mark the fused loop parallel;
+    - unroll: for blocks with a reduction, annotate the outermost loop with
+      ``pragma_auto_unroll_max_step`` and ``pragma_unroll_explicit``.
+    """
+
+    name = "rewrite_parallel_vectorize_unroll"
+
+    def __init__(self, params: TargetParams, unroll_explicit: bool = True) -> None:
+        self.params = params
+        self.unroll_explicit = unroll_explicit
+
+    def apply(self, sch: Schedule) -> bool:
+        """Rewrite ``sch``; False when a primitive refused (the candidate is dropped)."""
+        name = A.func_name_of(sch)
+        body = sch.mod[name].body
+        if not isinstance(body, tvm.s_tir.SBlockRealize):
+            return True
+        anns = body.block.annotations
+        if not any(key in anns for key in (ANN_PARALLEL, ANN_VECTORIZE, ANN_UNROLL)):
+            return True
+        root = sch.get_sblock(str(body.block.name_hint), name)
+        max_par = _ann_int(anns, ANN_PARALLEL)
+        max_vec_bytes = _ann_int(anns, ANN_VECTORIZE)
+        unroll = _ann_int(anns, ANN_UNROLL)
+        if max_par is None and max_vec_bytes is None and unroll is None:
+            return True
+        for key, value in ((ANN_PARALLEL, max_par), (ANN_VECTORIZE, max_vec_bytes),
+                           (ANN_UNROLL, unroll)):
+            if value is not None:
+                sch.unannotate(root, key)
+        for block in sch.get_child_blocks(root):
+            loops = list(sch.get_loops(block))
+            if not loops:
+                continue
+            if max_vec_bytes:
+                loops = self._vectorize(sch, block, loops, max_vec_bytes)
+            if max_par and max_par > 1:
+                loops = self._parallelize(sch, block, loops, max_par)
+            if unroll and unroll > 0:
+                self._unroll(sch, block, loops, unroll)
+        return True
+
+    # -- vectorise ------------------------------------------------------------------------
+
+    def _vectorize(self, sch: Schedule, block: SBlockRV, loops: list[LoopRV],
+                   max_vec_bytes: int) -> list[LoopRV]:
+        dtype = A.write_dtype(sch, block)
+        max_extent = max(1, max_vec_bytes // dtype_bytes(dtype))
+        if max_extent <= 1:
+            return loops
+        lanes = self.params.lanes(dtype)
+        fusible = A.vectorizable_suffix(sch, block, loops)
+        chosen: list[int] = []
+        prod = 1
+        too_big = False
+        for i in range(len(loops) - 1, max(-1, len(loops) - 1 - fusible), -1):
+            loop = loops[i]
+            if not A.loop_is_free(sch, loop) or A.loop_iter_type(sch, loop) != "S":
+                break
+            if not A.loop_has_single_child(sch, loop):
+                break
+            extent = A.loop_extent(sch, loop)
+            if extent is None:
+                break
+            if prod * extent > max_extent:
+                too_big = not chosen
+                break
+            prod *= extent
+            chosen.insert(0, i)
+        if too_big:
+            return self._split_vectorize(sch, block, loops, max_extent, lanes)
+        if not chosen or prod <= 1:
+            return loops
+        if len(chosen) > 1:
+            fused = sch.fuse(*[loops[i] for i in chosen])
+        else:
+            fused = loops[chosen[0]]
+        sch.vectorize(fused)
+        return loops[:chosen[0]] + [fused]
+
+    def _split_vectorize(self, sch: Schedule, block: SBlockRV, loops: list[LoopRV],
+                         max_extent: int, lanes: int) -> list[LoopRV]:
+        inner = loops[-1]
+        extent = A.loop_extent(sch, inner)
+        if extent is None or not A.is_contiguous_innermost(sch, block, loops):
+            return loops
+        divisors = [d for d in range(2, max_extent + 1) if extent % d == 0]
+        if not divisors:
+            return loops
+        multiples = [d for d in divisors if d % lanes == 0]
+        factor = max(multiples) if multiples else max(divisors)
+        if factor < min(lanes, 4):
+            return loops
+        outer, vec = sch.split(inner, [None, factor])
+        sch.vectorize(vec)
+        return loops[:-1] + [outer, vec]
+
+    # -- parallelise ----------------------------------------------------------------------
+
+    def _parallelize(self, sch: Schedule, block: SBlockRV, loops: list[LoopRV],
+                     max_par: int) -> list[LoopRV]:
+        chosen: list[int] = []
+        prod = 1
+        for i, loop in enumerate(loops):
+            if not A.loop_is_free(sch, loop) or A.loop_iter_type(sch, loop) != "S":
+                break
+            extent = A.loop_extent(sch, loop)
+            if extent is None:
+                break
+            chosen.append(i)
+            prod *= extent
+            if prod >= max_par or not A.loop_has_single_child(sch, loop):
+                break
+        if not chosen or prod <= 1:
+            return loops
+        fused = sch.fuse(*[loops[i] for i in chosen]) if len(chosen) > 1 else loops[chosen[0]]
+        sch.parallel(fused)
+        return [fused] + loops[chosen[-1] + 1:]
+
+    # -- unroll ---------------------------------------------------------------------------
+
+    def _unroll(self, sch: Schedule, block: SBlockRV, loops: list[LoopRV], step: int) -> None:
+        if A.is_spatial(sch, block):
+            return
+        outer = loops[0]
+        node = sch.get(outer)
+        if int(node.kind) in (A.FOR_VECTORIZED, A.FOR_THREAD_BINDING):
+            return
+        if "pragma_auto_unroll_max_step" in node.annotations:
+            return
+        sch.annotate(outer, "pragma_auto_unroll_max_step", int(step))
+        sch.annotate(outer, "pragma_unroll_explicit", int(self.unroll_explicit))

@@ -1,0 +1,45 @@
+"""The two extension points of a design space: schedule rules and postprocessors."""
+
+from __future__ import annotations
+
+from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import SBlockRV
+
+
+class ScheduleRule:
+    """One job of a design space, applied to one block at a time.
+
+    ``apply`` gets a traced schedule and a block of it and returns the schedules it turns
+    that into: ``[sch]`` (possibly changed in place) when the rule does not branch, several
+    copies when it offers alternatives (each becomes its own sketch), never an empty list.
+    Choices that differ per candidate are made with sampling instructions
+    (``sch.sample_perfect_tile``, ``sch.sample_categorical``...), so that replaying the trace
+    with its decisions removed draws a new candidate. A rule must leave blocks it does not
+    handle untouched and must not raise for them.
+    """
+
+    name = "rule"
+
+    def apply(self, sch: Schedule, block: SBlockRV) -> list[Schedule]:
+        """Apply the rule to ``block`` of ``sch``; return the resulting schedules."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class Postproc:
+    """A deterministic rewrite applied to each sampled candidate after replaying its sketch
+    (after ``sch.enter_postproc()``): it turns sketch annotations into concrete loop kinds
+    that depend on the sampled loop extents. ``apply`` returns False when the candidate
+    cannot be completed (it is then dropped); it may raise ScheduleError, which counts the
+    same."""
+
+    name = "postproc"
+
+    def apply(self, sch: Schedule) -> bool:
+        """Rewrite ``sch`` in place; False when the candidate must be dropped."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
