@@ -109,6 +109,10 @@ class SpaceGenerator:
             return [empty_trace()]
 
     def _generate(self, mod: tvm.IRModule) -> list[Trace]:
+        if not self.rules:
+            logger.debug("no schedule rules for target kind %r: the function stays as it is",
+                         self.params.kind)
+            return [empty_trace()]
         name = _main_name(mod)
         if name is None:
             logger.debug("no design space: the module does not hold exactly one PrimFunc")

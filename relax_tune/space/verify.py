@@ -105,15 +105,13 @@ def validate_decisions(requested: Trace, replayed: Trace) -> str | None:
         if w.kind.name != g.kind.name:
             return f"sampling instruction {i} is {g.kind.name}, expected {w.kind.name}"
         g_dec = _plain(replayed.get_decision(g))
+        w_dec = _plain(requested.get_decision(w))
+        if w_dec is not None and w_dec != g_dec:
+            return (f"sampling instruction {i} ({w.kind.name}): decision {w_dec} was "
+                    f"replaced by {g_dec} on replay (invalid for this loop)")
         reason = check_decision(g, g_dec)
         if reason is not None:
             return f"sampling instruction {i}: {reason}"
-        w_dec = _plain(requested.get_decision(w))
-        if w_dec is None:
-            continue
-        if w_dec != g_dec:
-            return (f"sampling instruction {i} ({w.kind.name}): decision {w_dec} was "
-                    f"replaced by {g_dec} on replay (invalid for this loop)")
     return None
 
 

@@ -1,0 +1,346 @@
+"""The CPU design space: every sampled candidate builds and computes what numpy computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, te, tirx, topi
+from tvm.s_tir import Schedule, Trace
+from tvm.script import tirx as T
+
+from relax_tune.search import ReplaySearch
+from relax_tune.space import (check_schedule, empty_trace, generate_design_space,
+                              space_for_target, target_params, without_decisions)
+from relax_tune.utils import normalize_mod, schedule_from_json
+
+# ---------------------------------------------------------------------------------------
+# Workloads (small shapes) and their numpy references
+
+
+def matmul(n: int = 64, m: int | None = None, k: int | None = None):
+    m, k = m or n, k or n
+    a = te.placeholder((n, k), "float32", name="A")
+    b = te.placeholder((k, m), "float32", name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((n, m), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return normalize_mod(te.create_prim_func([a, b, c])), lambda x, y: x @ y
+
+
+def conv2d_nchw(n=1, c=8, h=14, w=14, f=16, kh=3, kw=3, pad=1):
+    x = te.placeholder((n, c, h, w), "float32", name="X")
+    wt = te.placeholder((f, c, kh, kw), "float32", name="W")
+    y = topi.nn.conv2d_nchw(x, wt, 1, pad, 1)
+
+    def ref(xv, wv):
+        xp = np.pad(xv, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
+        return np.einsum("ncyxij,fcij->nfyx", win, wv)
+
+    return normalize_mod(te.create_prim_func([x, wt, y])), ref
+
+
+def softmax(n=16, m=64):
+    x = te.placeholder((n, m), "float32", name="X")
+    y = topi.nn.softmax(x, axis=-1)
+
+    def ref(xv):
+        e = np.exp(xv - xv.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    return normalize_mod(te.create_prim_func([x, y])), ref
+
+
+def layer_norm(n=16, m=64):
+    x = te.placeholder((n, m), "float32", name="X")
+    g = te.placeholder((m,), "float32", name="G")
+    b = te.placeholder((m,), "float32", name="Bt")
+    y = topi.nn.layer_norm(x, g, b, axis=[1], epsilon=1e-5)
+
+    def ref(xv, gv, bv):
+        mu, var = xv.mean(-1, keepdims=True), xv.var(-1, keepdims=True)
+        return (xv - mu) / np.sqrt(var + 1e-5) * gv + bv
+
+    return normalize_mod(te.create_prim_func([x, g, b, y])), ref
+
+
+def elementwise_chain(n=32, m=48):
+    x = te.placeholder((n, m), "float32", name="X")
+    y = te.placeholder((n, m), "float32", name="Y")
+    a = te.compute((n, m), lambda i, j: x[i, j] + y[i, j], name="add")
+    b = te.compute((n, m), lambda i, j: a[i, j] * 2.0, name="mul")
+    c = te.compute((n, m), lambda i, j: te.max(b[i, j], 0.0), name="relu")
+    return normalize_mod(te.create_prim_func([x, y, c])), lambda u, v: np.maximum((u + v) * 2, 0)
+
+
+@pytest.fixture(scope="module")
+def demo_tasks(target):
+    """The demo MLP's PrimFuncs after ``relax.get_pipeline("zero")``, normalised."""
+    from tvm.relax.frontend import nn
+
+    class MLP(nn.Module):
+        def __init__(self):
+            self.fc1 = nn.Linear(784, 256)
+            self.relu = nn.ReLU()
+            self.fc2 = nn.Linear(256, 10, bias=False)
+
+        def forward(self, x):
+            return self.fc2(self.relu(self.fc1(x)))
+
+    mod, _ = MLP().export_tvm({"forward": {"x": nn.spec.Tensor((1, 784), "float32")}})
+    with target:
+        low = relax.get_pipeline("zero")(mod)
+    return {gv.name_hint: normalize_mod(f) for gv, f in low.functions.items()
+            if isinstance(f, tirx.PrimFunc)}
+
+
+DEMO_REFS = {
+    "fused_matmul_add_relu": lambda x, w, b: np.maximum(x @ w + b, 0),
+    "transpose": lambda a: a.T,
+    "matmul1": lambda x, w: x @ w,
+}
+
+TE_WORKLOADS = {
+    "matmul64": lambda: matmul(64),
+    "matmul_odd": lambda: matmul(48, 40, 56),
+    "conv2d_nchw_pad": conv2d_nchw,
+    "softmax": softmax,
+    "layer_norm": layer_norm,
+    "elementwise_chain": elementwise_chain,
+}
+
+
+def random_inputs(mod: tvm.IRModule, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    params = list(mod["main"].params)
+    ins = [rng.uniform(-1, 1, [int(d) for d in p.shape]).astype(str(p.dtype)) for p in params[:-1]]
+    out = params[-1]
+    return ins, ([int(d) for d in out.shape], str(out.dtype))
+
+
+def run(mod: tvm.IRModule, target, ins, out_spec) -> np.ndarray:
+    ex = tvm.compile(mod, target)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in ins]
+    args.append(tvm.runtime.empty(out_spec[0], out_spec[1], dev))
+    ex.mod["main"](*args)
+    return args[-1].numpy()
+
+
+def check_candidates(mod, ref, target, n: int, seed: int = 7) -> int:
+    """Sample up to ``n`` candidates, build and run each, compare with numpy; returns the
+    number checked. Every candidate must build, replay from JSON, and be right."""
+    ins, out_spec = random_inputs(mod)
+    expected = ref(*ins)
+    cands = ReplaySearch(mod, target, seed=seed).next_candidates(n)
+    assert cands, "the space gave no candidate"
+    for cand in cands:
+        again = schedule_from_json(mod, cand.trace_json)
+        assert tvm_ffi.structural_equal(again.mod, cand.sch.mod)
+        assert check_schedule(cand.sch, target) is None
+        got = run(cand.sch.mod, target, ins, out_spec)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4,
+                                   err_msg=str(cand.sch.trace))
+    return len(cands)
+
+
+# ---------------------------------------------------------------------------------------
+# Correctness of sampled candidates
+
+
+@pytest.mark.parametrize("name", sorted(TE_WORKLOADS))
+def test_te_workload_candidates_match_numpy(name, target):
+    mod, ref = TE_WORKLOADS[name]()
+    got = check_candidates(mod, ref, target, n=12)
+    if name.startswith(("matmul", "conv")):
+        assert got == 12  # tiled spaces are large
+
+
+@pytest.mark.parametrize("name", sorted(DEMO_REFS))
+def test_demo_mlp_candidates_match_numpy(name, target, demo_tasks):
+    got = check_candidates(demo_tasks[name], DEMO_REFS[name], target, n=12)
+    if "matmul" in name:
+        assert got == 12
+
+
+def test_plain_llvm_target_works():
+    target = tvm.target.Target("llvm")
+    mod, ref = matmul(32)
+    assert check_candidates(mod, ref, target, n=4) == 4
+
+
+def test_fused_epilogue_and_inlining(target, demo_tasks):
+    """The bias add is inlined into the ReLU, and some sketch fuses the ReLU into the
+    matmul's tile loops (no separate output loop nest)."""
+    mod = demo_tasks["fused_matmul_add_relu"]
+    sketches = generate_design_space(mod, target)
+    assert len(sketches) >= 2
+    texts = [str(s) for s in sketches]
+    assert all("compute_inline" in t for t in texts)
+    assert any("reverse_compute_at" in t for t in texts)
+    cands = ReplaySearch(mod, target, seed=3).next_candidates(6)
+    names = [{b.name_hint for b in _blocks(c.sch.mod["main"])} for c in cands]
+    assert all("T_add" not in n for n in names)
+
+
+def _blocks(func):
+    out = []
+    tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlock, out.append)])
+    return out
+
+
+def test_matmul_space_is_tiled_parallel_vectorized(target):
+    mod, _ = matmul(256)
+    cand = ReplaySearch(mod, target, seed=5).next_candidates(1)[0]
+    kinds = []
+
+    def on_for(loop):
+        kinds.append(int(loop.kind))
+
+    tvm_ffi.structural_walk(cand.sch.mod["main"].body, [(tirx.For, on_for)])
+    assert 1 in kinds and 2 in kinds  # parallel and vectorized loops
+    text = str(cand.sch.trace)
+    assert "sample_perfect_tile" in text and "decompose_reduction" in text
+    assert "pragma_auto_unroll_max_step" in text or "decision=0" in text
+
+
+def test_tile_of_vector_axis_is_multiple_of_lanes(target):
+    """The innermost tile of the vectorised axis is a whole number of vector registers."""
+    mod, _ = matmul(128)
+    lanes = target_params(target).lanes("float32")
+    for cand in ReplaySearch(mod, target, seed=11).next_candidates(10):
+        widths = []
+
+        def on_for(loop):
+            if int(loop.kind) == 2:
+                widths.append(int(loop.extent.value))
+
+        tvm_ffi.structural_walk(cand.sch.mod["main"].body, [(tirx.For, on_for)])
+        assert widths and all(w % lanes == 0 for w in widths), widths
+
+
+# ---------------------------------------------------------------------------------------
+# Functions the space cannot schedule
+
+
+@T.prim_func(s_tir=True)
+def _opaque(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+    for i in range(16):
+        with T.sblock("opaque"):
+            T.reads(A[0:16])
+            T.writes(B[i])
+            B[i] = A[15 - i] * T.float32(2)
+
+
+@T.prim_func
+def _no_blocks(A: T.Buffer((4,), "float32"), B: T.Buffer((4,), "float32")):
+    for i in range(4):
+        B[i] = A[i] + T.float32(1)
+
+
+@T.prim_func(s_tir=True)
+def _dynamic(a: T.handle, b: T.handle):
+    n = T.int64()
+    A = T.match_buffer(a, (n, 16), "float32")
+    B = T.match_buffer(b, (n, 16), "float32")
+    for i, j in T.grid(n, 16):
+        with T.sblock("B"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = A[vi, vj] + T.float32(1)
+
+
+@pytest.mark.parametrize("func", [_no_blocks, _opaque, _dynamic], ids=["no_blocks", "opaque",
+                                                                       "dynamic"])
+def test_unschedulable_functions_give_a_usable_trace(func, target):
+    mod = normalize_mod(func)
+    sketches = generate_design_space(mod, target)
+    assert len(sketches) >= 1
+    out = space_for_target(target).replay(mod, without_decisions(sketches[0]), seed=5)
+    assert out.ok, out.error
+    tvm.compile(out.sch.mod, target)
+    if func is not _opaque:
+        assert len(sketches[0].insts) == 0  # the empty trace: the function as it is
+    cands = ReplaySearch(mod, target).next_candidates(4)
+    assert 1 <= len(cands) <= 4
+
+
+def test_unknown_target_kind_gives_empty_trace():
+    mod, _ = matmul(16)
+    sketches = generate_design_space(mod, tvm.target.Target("c"))
+    assert [len(s.insts) for s in sketches] == [0]
+    assert len(empty_trace().insts) == 0
+
+
+# ---------------------------------------------------------------------------------------
+# check_schedule
+
+
+def test_check_schedule_accepts_unscheduled_and_rejects_wide_vector(target):
+    mod, _ = matmul(64)
+    assert check_schedule(Schedule(mod), target) is None
+    sch = Schedule(mod)
+    i, j, _k = sch.get_loops(sch.get_sblock("C"))
+    sch.reorder(_k, i, j)
+    sch.vectorize(sch.fuse(i, j))  # 4096 lanes
+    reason = check_schedule(sch, target)
+    assert reason is not None and "vectorised" in reason
+
+
+def test_check_schedule_rejects_nested_parallel_and_parallel_reduction(target):
+    @T.prim_func(s_tir=True)
+    def nested(A: T.Buffer((8, 8), "float32"), B: T.Buffer((8, 8), "float32")):
+        for i in T.parallel(8):
+            for j in T.parallel(8):
+                with T.sblock("B"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    B[vi, vj] = A[vi, vj]
+
+    @T.prim_func(s_tir=True)
+    def racy(A: T.Buffer((8, 8), "float32"), B: T.Buffer((8,), "float32")):
+        for i in range(8):
+            for k in T.parallel(8):
+                with T.sblock("B"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    with T.init():
+                        B[vi] = T.float32(0)
+                    B[vi] = B[vi] + A[vi, vk]
+
+    assert "nested" in check_schedule(Schedule(normalize_mod(nested)), target)
+    assert "reduction" in check_schedule(Schedule(normalize_mod(racy)), target)
+
+
+def test_check_schedule_rejects_a_sketch_without_postprocessing(target):
+    mod, _ = matmul(64)
+    sketch = generate_design_space(mod, target)[0]
+    sch = Schedule(mod)
+    sketch.apply_to_schedule(sch, remove_postproc=True)
+    reason = check_schedule(sch, target)
+    assert reason is not None and "postprocessing" in reason
+
+
+def test_target_params_read_from_target():
+    p = target_params(tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 3}))
+    assert (p.vector_bytes, p.num_cores, p.lanes("float32")) == (64, 3, 16)
+    assert target_params(tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+                         ).vector_bytes == 64
+    assert target_params(tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})).vector_bytes == 32
+    assert target_params(tvm.target.Target({"kind": "llvm", "mcpu": "znver4",
+                                            "mattr": ["-avx512f"]})).vector_bytes == 32
+    assert target_params(tvm.target.Target("llvm")).vector_bytes == 16
+    assert target_params(tvm.target.Target("llvm")).num_cores >= 1
+
+
+def test_sketches_replay_fresh_decisions(target):
+    """Replaying a sketch without decisions draws new ones (different seeds, different
+    programs), and the sketch traces are over Schedule(mod)."""
+    mod, _ = matmul(256)
+    sketch = generate_design_space(mod, target)[0]
+    assert isinstance(sketch, Trace)
+    space = space_for_target(target)
+    progs = set()
+    for seed in (11, 2**20 + 7, 2**30 + 3, 123456789):
+        out = space.replay(mod, without_decisions(sketch), seed=seed)
+        assert out.ok, out.error
+        progs.add(tvm_ffi.structural_hash(out.sch.mod))
+    assert len(progs) >= 2
