@@ -201,9 +201,9 @@ class ApplyDatabase:
 def _backend(target: tvm.target.Target):
     kind = target.kind.name
     if kind == "llvm":
-        return relax.backend.cpu_generic
+        return relax.backend.cpu_generic.pipeline
     if kind == "cuda":
-        return relax.backend.cuda
+        return relax.backend.cuda.pipeline
     raise RelaxTuneError(f"the relax_tune pipeline supports llvm and cuda targets, not {kind!r}")
 
 

@@ -15,8 +15,11 @@ FAILED_RUN_SECS = 1e10
 """Run time recorded for a candidate that failed to build or run (MetaSchedule's kMaxMeanTime)."""
 
 
+@tvm_ffi.register_error
 class RelaxTuneError(ValueError):
-    """A problem the user can fix (bad target, bad work_dir, unknown op name, ...)."""
+    """A problem the user can fix (bad target, bad work_dir, unknown op name, ...).
+
+    Registered with TVM's FFI so it keeps its type when raised inside a pass."""
 
 
 def parse_target(target: Any = None) -> tvm.target.Target:
@@ -26,7 +29,7 @@ def parse_target(target: Any = None) -> tvm.target.Target:
         current = tvm.target.Target.current(allow_none=True)
         if current is None:
             raise RelaxTuneError(
-                "no target given: pass target=... (e.g. {'kind': 'llvm', 'num-cores': 2}) "
+                "no target given: pass target=... (e.g. {'kind': 'llvm', 'num-cores': 2} or relax_tune.host_target()) "
                 "or call inside `with tvm.target.Target(...):`"
             )
         return current
@@ -38,7 +41,7 @@ def parse_target(target: Any = None) -> tvm.target.Target:
         except Exception as err:  # TVM raises ValueError/TVMError with a long message
             raise RelaxTuneError(
                 f"{target!r} is not a TVM target ({str(err).splitlines()[0]}); use e.g. "
-                "'llvm' or {'kind': 'llvm', 'mcpu': 'znver4', 'num-cores': 2}"
+                "'llvm' or {'kind': 'llvm', 'mcpu': 'znver3', 'num-cores': 2}"
             ) from None
     raise RelaxTuneError(f"{target!r} (a {type(target).__name__}) is not a TVM target")
 

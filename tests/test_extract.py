@@ -24,22 +24,21 @@ def test_demo_tasks_names_and_weights(demo, target):
 
 
 def test_weight_counts_call_sites_and_merges_equal_functions(target):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorStructInfo((4, 8), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            a = bb.emit(relax.op.nn.relu(x))
-            b = bb.emit(relax.op.nn.relu(a))
-            c = bb.emit(relax.op.add(b, b))
-            out = bb.emit_output(c)
-        bb.emit_func_output(out)
+    from tvm.relax.frontend import nn
+
+    class Twice(nn.Module):
+        def forward(self, x):
+            b = nn.op.relu(nn.op.relu(x))
+            return nn.op.add(b, b)
+
+    mod, _ = Twice().export_tvm({"forward": {"x": nn.spec.Tensor((4, 8), "float32")}})
     with target:
-        lowered = relax.transform.LegalizeOps()(bb.get())
+        lowered = relax.transform.LegalizeOps()(mod)
     assert sum(call_tir_counts(lowered).values()) == 3
     tasks = rt.extract_tasks(lowered, target)
     by_name = {t.task_name: t for t in tasks}
     relu = by_name["relu"]
-    assert relu.weight == 2 and by_name["add"].weight == 1
+    assert relu.weight == 2 and by_name["add"].weight == 1, by_name
     assert len(tasks) == 2
 
 

@@ -1,0 +1,116 @@
+"""Tune single kernels with relax_tune and print them next to numpy/OpenBLAS and the untuned
+build, all measured in this one invocation.
+
+    python benchmarks/bench_kernels.py --workload matmul --trials 64
+    python benchmarks/bench_kernels.py --workload matmul conv2d --trials 64 256
+
+Timing on a small shared machine is noisy: every figure is a median of repeated runs, and the
+ratio to numpy measured in the same run is the number to compare across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+
+import numpy as np
+import tvm
+from tvm import te, topi
+
+import relax_tune as rt
+from relax_tune.utils import normalize_mod
+
+
+def matmul(n: int = 1024):
+    """C = A @ B, n x n x n float32; returns (PrimFunc, flops, numpy reference fn, input shapes)."""
+    A = te.placeholder((n, n), "float32", name="A")
+    B = te.placeholder((n, n), "float32", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    return te.create_prim_func([A, B, C]), 2.0 * n**3, lambda a, b: a @ b, [(n, n), (n, n)]
+
+
+def conv2d():
+    """NCHW conv2d 1x64x56x56, 64 filters 3x3, pad 1, float32 (numpy: im2col + GEMM)."""
+    data = te.placeholder((1, 64, 56, 56), "float32", name="data")
+    weight = te.placeholder((64, 64, 3, 3), "float32", name="weight")
+    out = topi.nn.conv2d_nchw(data, weight, 1, 1, 1)
+    flops = 2.0 * 64 * 56 * 56 * 64 * 9
+
+    def ref(x, w):
+        xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        cols = np.lib.stride_tricks.sliding_window_view(xp[0], (3, 3), axis=(1, 2))
+        cols = cols.transpose(0, 3, 4, 1, 2).reshape(64 * 9, 56 * 56)
+        return (w.reshape(64, 64 * 9) @ cols).reshape(1, 64, 56, 56)
+
+    return te.create_prim_func([data, weight, out]), flops, ref, [(1, 64, 56, 56), (64, 64, 3, 3)]
+
+
+WORKLOADS = {"matmul": matmul, "conv2d": conv2d}
+
+
+def median_secs(fn, repeat: int = 7) -> float:
+    """Median wall time of ``fn()`` over ``repeat`` calls after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", nargs="+", default=["matmul"], choices=sorted(WORKLOADS))
+    parser.add_argument("--trials", nargs="+", type=int, default=[64])
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    target = rt.host_target()
+    print(f"target: {target}")
+    rows = []
+    for name in args.workload:
+        func, flops, ref, shapes = WORKLOADS[name]()
+        rng = np.random.default_rng(0)
+        inputs = [rng.uniform(-1, 1, s).astype("float32") for s in shapes]
+        np_secs = median_secs(lambda: ref(*inputs))
+        rows.append((name, "numpy/OpenBLAS", "-", np_secs, flops, None))
+        for trials in args.trials:
+            with tempfile.TemporaryDirectory() as work_dir:
+                task = rt.extract_tasks(tvm.IRModule({name: func}), target)[0]
+                start = time.perf_counter()
+                report = rt.tune_tasks([task], work_dir, max_trials_global=trials)[0]
+                wall = time.perf_counter() - start
+                # Re-time the applied best kernel here, in the same run as numpy.
+                db = rt.JSONDatabase(work_dir=work_dir)
+                sch = db.query_schedule(normalize_mod(func), target)
+                lib = tvm.compile(sch.mod, target)
+                dev = tvm.cpu()
+                args_ = [tvm.runtime.tensor(x, dev) for x in inputs]
+                out_shape = ref(*inputs).shape
+                args_.append(tvm.runtime.empty(out_shape, "float32", dev))
+                lib["main"](*args_)
+                np.testing.assert_allclose(args_[-1].numpy(), ref(*inputs), rtol=1e-3, atol=1e-3)
+                timer = lib.time_evaluator("main", dev, number=10, repeat=5)
+                best = float(np.median(timer(*args_).results))
+                if not rows or rows[-1][1] != "untuned":
+                    rows.append((name, "untuned", "-", report.baseline_secs, flops, None))
+                rows.append((name, "relax_tune", trials, best, flops,
+                             (wall, report.trials / wall, report.failures)))
+    print()
+    print(f"{'workload':<9}{'what':<16}{'trials':>7}{'ms':>11}{'GFLOP/s':>9}{'vs numpy':>9}"
+          f"{'tune s':>8}{'trials/s':>9}{'failed':>7}")
+    np_by = {r[0]: r[3] for r in rows if r[1].startswith("numpy")}
+    for name, what, trials, secs, flops, extra in rows:
+        if secs is None:
+            continue
+        tail = f"{extra[0]:>8.1f}{extra[1]:>9.2f}{extra[2]:>7}" if extra else ""
+        print(f"{name:<9}{what:<16}{trials!s:>7}{secs * 1e3:>11.3f}{flops / secs / 1e9:>9.1f}"
+              f"{np_by[name] / secs:>8.2f}x{tail}")
+
+
+if __name__ == "__main__":
+    main()
