@@ -22,7 +22,7 @@ from . import analysis, cpu
 from .generator import (Replayed, SpaceGenerator, empty_trace, register_space, sketch_part,
                         space_for_target, without_decisions)
 from .inline import AutoInline
-from .multi_level_tiling import MultiLevelTiling
+from .multi_level_tiling import LimitRegisterTile, MultiLevelTiling
 from .parallel_vectorize_unroll import ParallelVectorizeUnroll, RewriteParallelVectorizeUnroll
 from .params import TargetParams, target_params
 from .postproc import RewriteReductionBlock
@@ -62,7 +62,7 @@ def apply_postprocs(sch: Schedule, target: tvm.target.Target) -> str | None:
 
 
 __all__ = [
-    "AutoInline", "MultiLevelTiling", "ParallelVectorizeUnroll", "Postproc", "Replayed",
+    "AutoInline", "LimitRegisterTile", "MultiLevelTiling", "ParallelVectorizeUnroll", "Postproc", "Replayed",
     "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "ScheduleRule",
     "SpaceGenerator", "TargetParams", "analysis", "apply_postprocs", "check_decision",
     "check_schedule", "cpu", "empty_trace", "generate_design_space", "register_space",

@@ -6,7 +6,7 @@ import tvm
 
 from .generator import SpaceGenerator, register_space
 from .inline import AutoInline
-from .multi_level_tiling import MultiLevelTiling
+from .multi_level_tiling import LimitRegisterTile, MultiLevelTiling
 from .parallel_vectorize_unroll import ParallelVectorizeUnroll, RewriteParallelVectorizeUnroll
 from .params import TargetParams
 from .postproc import RewriteReductionBlock
@@ -25,8 +25,10 @@ def cpu_rules(params: TargetParams) -> list[ScheduleRule]:
 
 def cpu_postprocs(params: TargetParams) -> list[Postproc]:
     """The CPU postprocessors, in order: loop kinds and unroll pragmas first, then the
-    reduction inits are decomposed out of the reduction loops."""
-    return [RewriteParallelVectorizeUnroll(params), RewriteReductionBlock()]
+    reduction inits are decomposed out of the reduction loops, then register tiles that
+    cannot fit the target's SIMD registers are rejected."""
+    return [RewriteParallelVectorizeUnroll(params), RewriteReductionBlock(),
+            LimitRegisterTile(params)]
 
 
 def cpu_space(target: tvm.target.Target, params: TargetParams) -> SpaceGenerator:

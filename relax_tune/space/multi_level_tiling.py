@@ -11,7 +11,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from . import analysis as A
 from .params import ANN_TILED, TargetParams
-from .rule import ScheduleRule
+from .rule import Postproc, ScheduleRule
 
 logger = logging.getLogger("relax_tune.space")
 
@@ -174,3 +174,58 @@ class MultiLevelTiling(ScheduleRule):
             except Exception as err:
                 logger.debug("cannot place the write cache at a tile level: %s", err)
         return results or [sch]
+
+
+class LimitRegisterTile(Postproc):
+    """Reject candidates whose innermost tile of a tiled block cannot live in registers.
+
+    The loops inside a tiled block's last reduction loop hold the accumulators the inner
+    loop updates: their element count, in SIMD registers of the written type, must not
+    exceed ``vector_registers - reserved`` (the rest holds the broadcast and loaded
+    operands); otherwise every update spills. Rejected samples are simply redrawn, so this
+    biases random sampling toward sane register tiles without constraining each tile alone.
+    """
+
+    name = "limit_register_tile"
+
+    def __init__(self, params: TargetParams, reserved: int = 4) -> None:
+        self.params = params
+        self.budget = max(1, params.vector_registers - reserved)
+
+    def apply(self, sch: Schedule) -> bool:
+        """False when some tiled block's register tile exceeds the budget."""
+        for block in A.collect_blocks(sch):
+            if A.is_root(sch, block):
+                continue
+            blk = sch.get(block)
+            if ANN_TILED not in blk.annotations or blk.init is None and not _updates(blk):
+                continue
+            if self.registers(sch, block) > self.budget:
+                return False
+        return True
+
+    def registers(self, sch: Schedule, block: SBlockRV) -> int:
+        """SIMD registers the accumulators under the block's last reduction loop take."""
+        loops = sch.get_loops(block)
+        inner: list[LoopRV] = []
+        for loop in reversed(loops):
+            if A.loop_iter_type(sch, loop) != "S":
+                break
+            inner.insert(0, loop)
+        lanes = self.params.lanes(A.write_dtype(sch, block))
+        regs = 1
+        for loop in inner:
+            extent = A.loop_extent(sch, loop) or 1
+            if A.loop_kind(sch, loop) == A.FOR_VECTORIZED:
+                regs *= -(-extent // lanes)
+            else:
+                regs *= extent
+        return regs
+
+
+def _updates(blk) -> bool:
+    """Whether the block reads the buffer it writes (an update after decomposition)."""
+    if len(blk.writes) != 1:
+        return False
+    out = blk.writes[0].source
+    return any(r.source.same_as(out) for r in blk.reads)
