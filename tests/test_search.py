@@ -108,7 +108,7 @@ def test_validator_flags_a_tile_tvm_would_silently_replace(target):
     assert reason is not None and "replaced" in reason
     out = space_for_target(target).replay(mod, bad, seed=7)
     assert not out.ok and "replaced" in out.error
-    good = sketch.with_decision(tile, [4, 8, 4, 8], True)
+    good = sketch.with_decision(tile, [16, 8, 4, 2], True)
     assert space_for_target(target).replay(mod, good, seed=7).ok
 
 
