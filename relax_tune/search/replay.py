@@ -54,6 +54,8 @@ class ReplaySearch(SearchStrategy):
         self._tries = [0] * len(self.sketches)
         self._wins = [0] * len(self.sketches)
         self._fixed_done = [False] * len(self.sketches)
+        self._sizes = [_categorical_space_size(s) for s in self.sketches]
+        self._seen_decisions: list[set] = [set() for _ in self.sketches]
         self.errors: dict[str, int] = {}
         """Why samples were dropped: reason -> count (for reports and debugging)."""
 
@@ -70,6 +72,18 @@ class ReplaySearch(SearchStrategy):
             return False
         # a sketch that never produced a valid candidate in many tries is given up
         return self._wins[i] > 0 or self._tries[i] < 2 * self.max_fail_streak
+
+    def _record_decisions(self, idx: int, trace: Trace) -> None:
+        """Remember the decisions drawn for sketch ``idx``; a sketch whose choices are all
+        categorical is done once every combination was drawn."""
+        size = self._sizes[idx]
+        if size is None:
+            return
+        decisions = tuple(int(trace.get_decision(inst)) for inst in trace.insts
+                          if inst.kind.name == "SampleCategorical")
+        self._seen_decisions[idx].add(decisions)
+        if len(self._seen_decisions[idx]) >= size:
+            self._fixed_done[idx] = True
 
     def _note(self, reason: str) -> None:
         key = reason.split(":")[0][:80]
@@ -103,6 +117,7 @@ class ReplaySearch(SearchStrategy):
                 logger.debug("dropped a sample of sketch %d: %s", idx, result.error)
                 continue
             sch = result.sch
+            self._record_decisions(idx, sch.trace)
             trace_json = trace_to_json(sch.trace)
             key = candidate_key(trace_json)
             if key in self._keys or key in exclude:
@@ -122,6 +137,21 @@ class ReplaySearch(SearchStrategy):
             out.append(Candidate(sch=sch, trace_json=trace_json, key=key))
         logger.debug("replay search: %d/%d candidates in %d attempts", len(out), n, attempts)
         return out
+
+
+def _categorical_space_size(trace: Trace) -> int | None:
+    """How many decision combinations a sketch has when its only sampling instructions are
+    categorical ones (None otherwise)."""
+    size = 1
+    for inst in trace.insts:
+        name = inst.kind.name
+        if name == "EnterPostproc":
+            break
+        if name == "SampleCategorical":
+            size *= max(1, len(inst.attrs[0]))
+        elif name.startswith("Sample"):
+            return None
+    return size
 
 
 def _has_sampling(trace: Trace) -> bool:

@@ -8,6 +8,7 @@ Everything here reads the schedule and never changes it. It is built on the bloc
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import tvm
@@ -252,6 +253,30 @@ def loop_has_single_child(sch: Schedule, loop: LoopRV) -> bool:
     return not isinstance(sch.get(loop).body, tirx.SeqStmt)
 
 
+@dataclass(frozen=True)
+class LoopInfo:
+    """What the postprocessors ask about a loop, read once."""
+
+    extent: int | None
+    kind: int
+    free: bool
+    single_child: bool
+    iter_type: str
+
+
+def loop_infos(sch: Schedule, loops: list[LoopRV]) -> list[LoopInfo]:
+    """:class:`LoopInfo` of each loop (one ``sch.get`` per loop)."""
+    out = []
+    for loop in loops:
+        node = sch.get(loop)
+        kind = int(node.kind)
+        out.append(LoopInfo(extent=_const_int(node.extent), kind=kind,
+                            free=kind == FOR_SERIAL and len(node.annotations) == 0,
+                            single_child=not isinstance(node.body, tirx.SeqStmt),
+                            iter_type=loop_iter_type(sch, loop)))
+    return out
+
+
 # ------------------------------------------------------------------------------------------
 # Access patterns
 
@@ -310,7 +335,8 @@ def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[li
     return out
 
 
-def vectorizable_suffix(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> int:
+def vectorizable_suffix(sch: Schedule, block: SBlockRV, loops: list[LoopRV],
+                        extents: list[int | None] | None = None) -> int:
     """How many innermost loops of ``loops`` can be fused into one vector loop with linear
     accesses (MetaSchedule's rule: the innermost used loop may have any stride, each further
     loop must continue it contiguously; loops that no access uses are always fine)."""
@@ -320,7 +346,7 @@ def vectorizable_suffix(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> 
         return 0
     if strides is None:
         return 0
-    extents = [loop_extent(sch, lp) for lp in loops]
+    extents = [loop_extent(sch, lp) for lp in loops] if extents is None else extents
     best = len(loops)
     for per_loop in strides:
         fusible = 0

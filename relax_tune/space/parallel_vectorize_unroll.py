@@ -140,26 +140,24 @@ class RewriteParallelVectorizeUnroll(Postproc):
         if max_extent <= 1:
             return loops
         lanes = self.params.lanes(dtype)
-        fusible = A.vectorizable_suffix(sch, block, loops)
+        infos = A.loop_infos(sch, loops)
+        fusible = A.vectorizable_suffix(sch, block, loops, [i.extent for i in infos])
         chosen: list[int] = []
         prod = 1
         too_big = False
         for i in range(len(loops) - 1, max(-1, len(loops) - 1 - fusible), -1):
-            loop = loops[i]
-            if not A.loop_is_free(sch, loop) or A.loop_iter_type(sch, loop) != "S":
+            info = infos[i]
+            if not info.free or info.iter_type != "S" or not info.single_child:
                 break
-            if not A.loop_has_single_child(sch, loop):
+            if info.extent is None:
                 break
-            extent = A.loop_extent(sch, loop)
-            if extent is None:
-                break
-            if prod * extent > max_extent:
+            if prod * info.extent > max_extent:
                 too_big = not chosen
                 break
-            prod *= extent
+            prod *= info.extent
             chosen.insert(0, i)
         if too_big:
-            return self._split_vectorize(sch, block, loops, max_extent, lanes)
+            return self._split_vectorize(sch, block, loops, infos[-1].extent, max_extent, lanes)
         if not chosen or prod <= 1:
             return loops
         if len(chosen) > 1:
@@ -170,9 +168,7 @@ class RewriteParallelVectorizeUnroll(Postproc):
         return loops[:chosen[0]] + [fused]
 
     def _split_vectorize(self, sch: Schedule, block: SBlockRV, loops: list[LoopRV],
-                         max_extent: int, lanes: int) -> list[LoopRV]:
-        inner = loops[-1]
-        extent = A.loop_extent(sch, inner)
+                         extent: int | None, max_extent: int, lanes: int) -> list[LoopRV]:
         if extent is None or not A.is_contiguous_innermost(sch, block, loops):
             return loops
         divisors = [d for d in range(2, max_extent + 1) if extent % d == 0]
@@ -182,7 +178,7 @@ class RewriteParallelVectorizeUnroll(Postproc):
         factor = max(multiples) if multiples else max(divisors)
         if factor < min(lanes, 4):
             return loops
-        outer, vec = sch.split(inner, [None, factor])
+        outer, vec = sch.split(loops[-1], [None, factor])
         sch.vectorize(vec)
         return loops[:-1] + [outer, vec]
 
@@ -192,15 +188,12 @@ class RewriteParallelVectorizeUnroll(Postproc):
                      max_par: int) -> list[LoopRV]:
         chosen: list[int] = []
         prod = 1
-        for i, loop in enumerate(loops):
-            if not A.loop_is_free(sch, loop) or A.loop_iter_type(sch, loop) != "S":
-                break
-            extent = A.loop_extent(sch, loop)
-            if extent is None:
+        for i, info in enumerate(A.loop_infos(sch, loops)):
+            if not info.free or info.iter_type != "S" or info.extent is None:
                 break
             chosen.append(i)
-            prod *= extent
-            if prod >= max_par or not A.loop_has_single_child(sch, loop):
+            prod *= info.extent
+            if prod >= max_par or not info.single_child:
                 break
         if not chosen or prod <= 1:
             return loops
