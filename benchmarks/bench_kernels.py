@@ -87,7 +87,7 @@ def main() -> None:
                 # Re-time the applied best kernel here, in the same run as numpy.
                 db = rt.JSONDatabase(work_dir=work_dir)
                 sch = db.query_schedule(normalize_mod(func), target)
-                lib = tvm.compile(sch.mod, target)
+                lib = tvm.compile(sch.mod, target).mod
                 dev = tvm.cpu()
                 args_ = [tvm.runtime.tensor(x, dev) for x in inputs]
                 out_shape = ref(*inputs).shape

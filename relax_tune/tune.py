@@ -28,7 +28,7 @@ BASELINE_TRACE: list = [[], []]
 BASELINE_KEY = candidate_key(BASELINE_TRACE)
 
 _BASELINE_MAX_SECS = 1.0
-"""An untuned function slower than this per call is timed once, not repeatedly."""
+"""A function slower than this per call is timed once, not repeatedly."""
 
 
 @dataclass
@@ -46,10 +46,23 @@ class TaskReport:
     new_trials: int = 0
 
     @property
+    def applied_secs(self) -> float | None:
+        """Time of what ApplyDatabase will use: the best tuned schedule, or the untuned
+        function when no tuned schedule beats it."""
+        known = [x for x in (self.best_secs, self.baseline_secs) if x]
+        return min(known) if known else None
+
+    @property
+    def tuned_applied(self) -> bool:
+        """True when a tuned schedule beats the untuned function (or no baseline is known)."""
+        return bool(self.best_secs) and (not self.baseline_secs
+                                         or self.best_secs <= self.baseline_secs)
+
+    @property
     def speedup(self) -> float | None:
-        """Untuned time over best time, when both are known."""
-        if self.best_secs and self.baseline_secs:
-            return self.baseline_secs / self.best_secs
+        """Untuned time over the applied time (>= 1: the untuned function is kept otherwise)."""
+        if self.applied_secs and self.baseline_secs:
+            return self.baseline_secs / self.applied_secs
         return None
 
     @property
@@ -188,8 +201,10 @@ def _measure(st: _TaskState, traces: list, db: Database, builder: LocalBuilder,
     info = args_info(task.mod)
     builds = builder.build(task.mod, task.target, traces)
     best = report.best_secs or report.baseline_secs
-    # Cut losses on terrible candidates: time them once when one call is far past the best.
-    max_secs = _BASELINE_MAX_SECS if best is None else max(10 * best, 1e-3)
+    # Cut losses on hopeless candidates: time them once when one call takes over twice the best
+    # (or past a second: such a kernel is timed well enough by one call).
+    max_secs = _BASELINE_MAX_SECS if best is None else min(max(2 * best, 1e-3),
+                                                           _BASELINE_MAX_SECS)
     runs = runner.run([b.artifact_path for b in builds], info, task.target, max_secs=max_secs)
     for trace, build, run in zip(traces, builds, runs):
         ok = build.error is None and run.error is None and run.run_secs
