@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-import tvm
 import tvm_ffi
 from tvm import te, topi
 from tvm.s_tir import Schedule

@@ -14,7 +14,7 @@ from typing import Any
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.s_tir import Schedule, ScheduleError
+from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 logger = logging.getLogger("relax_tune.space")
