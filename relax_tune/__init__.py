@@ -26,8 +26,9 @@ from .database import (
 from .extract import ExtractedTask, extract_tasks
 from .transform import ApplyDatabase, ExtractTasks, TuneIRMod, TuneTIR, relax_tune_pipeline
 from .tune import TaskReport, tune_relax, tune_tasks, tune_tir
-from .utils import RelaxTuneError, host_target
+from .utils import RelaxTuneError, ensure_tvm_threads, host_target
 
+ensure_tvm_threads()
 transform.register_pipeline()
 
 __all__ = [

@@ -163,3 +163,17 @@ def host_target() -> tvm.target.Target:
 
     return tvm.target.Target({"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu()),
                               "num-cores": len(os.sched_getaffinity(0))})
+
+
+def ensure_tvm_threads() -> int:
+    """Make TVM's CPU thread pool use every usable core, unless the user set TVM_NUM_THREADS.
+
+    TVM assumes hyper-threading and starts half the cores' threads by default; on a 2-vCPU
+    machine every kernel would then run, and be tuned, on one thread. This must run before
+    the process (or a worker it spawns) first launches a parallel kernel.
+    """
+    import os
+
+    if not os.environ.get("TVM_NUM_THREADS"):
+        os.environ["TVM_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
+    return int(os.environ["TVM_NUM_THREADS"])

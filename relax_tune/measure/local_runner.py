@@ -11,7 +11,7 @@ import numpy as np
 import tvm
 from tvm.support.popen_pool import PopenPoolExecutor
 
-from ..utils import RelaxTuneError, parse_target
+from ..utils import RelaxTuneError, ensure_tvm_threads, parse_target
 from . import _worker
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, MeasureError, Runner, RunResult, logger,
                    short_error, worker_import_error, worker_output)
@@ -65,6 +65,7 @@ class LocalRunner(Runner):
             if self._closed:
                 raise RuntimeError("this LocalRunner has been shut down")
             if self._pool is None:
+                ensure_tvm_threads()  # the worker inherits it: time kernels on every core
                 self._pool = PopenPoolExecutor(
                     max_workers=1, timeout=self.timeout_sec, initializer=importlib.import_module,
                     initargs=(_worker.__name__,),
