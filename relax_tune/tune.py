@@ -18,7 +18,7 @@ from tvm.s_tir import analysis as s_analysis
 from .database import Database, JSONDatabase, TuningRecord
 from .extract import ExtractedTask, extract_tasks
 from .measure import LocalBuilder, LocalRunner
-from .search import candidate_key, make_search
+from .search import Candidate, SearchContext, candidate_key, make_search
 from .utils import FAILED_RUN_SECS, RelaxTuneError, args_info, parse_target
 
 logger = logging.getLogger("relax_tune.tune")
@@ -111,6 +111,7 @@ def tune_tasks(
     builder: LocalBuilder | None = None,
     runner: LocalRunner | None = None,
     strategy: str = "replay",
+    cost_model=None,
     seed: int = 1,
     measure_baseline: bool = True,
 ) -> list[TaskReport]:
@@ -123,7 +124,8 @@ def tune_tasks(
     work_dir resumes instead of starting over. Each task's untuned function is timed once
     and recorded as its baseline (an empty trace), which is not counted as a trial.
     A candidate that fails to build or run is recorded with run_secs [1e10]; it never
-    stops tuning.
+    stops tuning. ``strategy`` names a search (``relax_tune.search.search_names()``);
+    ``cost_model`` is handed to every task's search through its ``SearchContext``.
 
     Returns one ``TaskReport`` per task, in the order given.
     """
@@ -134,7 +136,8 @@ def tune_tasks(
     own_builder, own_runner = builder is None, runner is None
     builder = builder or LocalBuilder()
     runner = runner or LocalRunner()
-    states = [_init_state(i, task, db, strategy, seed) for i, task in enumerate(tasks)]
+    states = [_init_state(i, task, db, strategy, seed, cost_model)
+              for i, task in enumerate(tasks)]
     try:
         if measure_baseline:
             for st in states:
@@ -158,7 +161,7 @@ def tune_tasks(
                     continue
                 for cand in cands:  # the search module may reuse keys it already gave; be safe
                     st.measured.add(cand.key)
-                _measure(st, [c.trace_json for c in cands], db, builder, runner)
+                _measure(st, cands, db, builder, runner)
                 remaining -= len(cands)
                 _log_progress(st.report, max_trials_global - remaining, max_trials_global, start)
                 if remaining <= 0:
@@ -172,7 +175,7 @@ def tune_tasks(
 
 
 def _init_state(index: int, task: ExtractedTask, db: Database, strategy: str,
-                seed: int) -> _TaskState:
+                seed: int, cost_model=None) -> _TaskState:
     workload = db.commit_workload(task.mod)
     records = db.get_records(workload)
     measured = {candidate_key(r.trace_json) for r in records}
@@ -190,15 +193,20 @@ def _init_state(index: int, task: ExtractedTask, db: Database, strategy: str,
         else:
             report.failures += 1
     task_seed = (seed * 1_000_003 + index * 7919) % (2**31 - 2) + 1
-    search = make_search(strategy, task.mod, task.target, seed=task_seed)
+    warm = sorted(records, key=lambda r: r.mean_run_secs)
+    search = make_search(strategy, task.mod, task.target, seed=task_seed,
+                         context=SearchContext(cost_model=cost_model, records=warm,
+                                               task_name=task.task_name))
     return _TaskState(task, report, workload, search, measured)
 
 
-def _measure(st: _TaskState, traces: list, db: Database, builder: LocalBuilder,
-             runner: LocalRunner) -> None:
-    """Build, run and commit one batch of one task; update its report."""
+def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
+             builder: LocalBuilder, runner: LocalRunner) -> None:
+    """Build, run and commit one batch of one task (None: the untuned function); update its
+    report and tell the search how its candidates did."""
     task, report = st.task, st.report
     info = args_info(task.mod)
+    traces = [None if c is None else c.trace_json for c in cands]
     builds = builder.build(task.mod, task.target, traces)
     best = report.best_secs or report.baseline_secs
     # Cut losses on hopeless candidates: time them once when one call takes over twice the best
@@ -206,7 +214,8 @@ def _measure(st: _TaskState, traces: list, db: Database, builder: LocalBuilder,
     max_secs = _BASELINE_MAX_SECS if best is None else min(max(2 * best, 1e-3),
                                                            _BASELINE_MAX_SECS)
     runs = runner.run([b.artifact_path for b in builds], info, task.target, max_secs=max_secs)
-    for trace, build, run in zip(traces, builds, runs):
+    measured_cands, measured_secs = [], []
+    for cand, trace, build, run in zip(cands, traces, builds, runs):
         ok = build.error is None and run.error is None and run.run_secs
         run_secs = [float(x) for x in run.run_secs] if ok else [FAILED_RUN_SECS]
         if not ok:
@@ -219,12 +228,16 @@ def _measure(st: _TaskState, traces: list, db: Database, builder: LocalBuilder,
             st.measured.add(BASELINE_KEY)
             report.baseline_secs = mean if ok else None
             continue
+        measured_cands.append(cand)
+        measured_secs.append(mean)
         report.trials += 1
         report.new_trials += 1
         if not ok:
             report.failures += 1
         elif report.best_secs is None or mean < report.best_secs:
             report.best_secs = mean
+    if measured_cands:
+        st.search.update(measured_cands, measured_secs)
 
 
 def _log_progress(report: TaskReport, done: int, total: int, start: float) -> None:

@@ -11,7 +11,7 @@ from typing import Callable
 import tvm
 
 from ..utils import RelaxTuneError
-from .base import Candidate, SearchStrategy, candidate_key
+from .base import Candidate, SearchContext, SearchStrategy, candidate_key
 from .replay import ReplaySearch
 
 SearchFactory = Callable[..., SearchStrategy]
@@ -19,7 +19,8 @@ _SEARCHES: dict[str, SearchFactory] = {"replay": ReplaySearch}
 
 
 def register_search(name: str, factory: SearchFactory) -> None:
-    """Make ``make_search(name, mod, target, seed)`` call ``factory(mod, target, seed=seed)``."""
+    """Make ``make_search(name, mod, target, seed, context)`` call
+    ``factory(mod, target, seed=seed, context=context)``."""
     _SEARCHES[name] = factory
 
 
@@ -29,14 +30,15 @@ def search_names() -> list[str]:
 
 
 def make_search(name: str, mod: tvm.IRModule, target: tvm.target.Target,
-                seed: int = 1) -> SearchStrategy:
+                seed: int = 1, context: SearchContext | None = None) -> SearchStrategy:
     """The search strategy registered as ``name`` ("replay"; "evolutionary" comes later)
-    for the workload ``mod`` on ``target``."""
+    for the workload ``mod`` on ``target``; ``context`` carries the shared cost model and
+    the task's records (factories are called as ``factory(mod, target, seed=, context=)``)."""
     factory = _SEARCHES.get(name)
     if factory is None:
         raise RelaxTuneError(f"unknown search strategy {name!r}: use one of {search_names()}")
-    return factory(mod, target, seed=seed)
+    return factory(mod, target, seed=seed, context=context or SearchContext())
 
 
-__all__ = ["Candidate", "ReplaySearch", "SearchStrategy", "candidate_key", "make_search",
+__all__ = ["Candidate", "ReplaySearch", "SearchContext", "SearchStrategy", "candidate_key", "make_search",
            "register_search", "search_names"]

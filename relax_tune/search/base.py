@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from tvm.s_tir import Schedule
 
@@ -30,6 +31,23 @@ def candidate_key(trace_json: list) -> str:
     same key in every process (it hashes the canonical JSON text)."""
     text = json.dumps(trace_json, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+@dataclass
+class SearchContext:
+    """What the tuner shares with a task's search strategy.
+
+    Attributes:
+        cost_model: the session's cost model (one per tuning session, shared by all tasks),
+            or None for strategies that do not use one.
+        records: the task's tuning records already in the database (warm start; failures
+            included), best first.
+        task_name: the task's name, for logs.
+    """
+
+    cost_model: Any = None
+    records: list = field(default_factory=list)
+    task_name: str = ""
 
 
 class SearchStrategy:

@@ -10,7 +10,7 @@ from tvm.s_tir import Trace
 
 from ..space import space_for_target, without_decisions
 from ..utils import structural_hash, trace_to_json
-from .base import Candidate, SearchStrategy, candidate_key
+from .base import Candidate, SearchContext, SearchStrategy, candidate_key
 
 logger = logging.getLogger("relax_tune.search")
 
@@ -33,13 +33,15 @@ class ReplaySearch(SearchStrategy):
         sketches: the design space; default ``generate_design_space(mod, target)``.
         max_fail_streak: consecutive failed attempts that end a call.
         max_attempts_per_candidate: attempts per requested candidate that end a call.
+        context: ignored (replay search learns nothing).
     """
 
     name = "replay"
 
     def __init__(self, mod: tvm.IRModule, target: tvm.target.Target, seed: int = 1,
                  sketches: list[Trace] | None = None, max_fail_streak: int = 64,
-                 max_attempts_per_candidate: int = 16) -> None:
+                 max_attempts_per_candidate: int = 16,
+                 context: SearchContext | None = None) -> None:
         self.mod = mod
         self.target = target
         self.space = space_for_target(target)
