@@ -207,6 +207,24 @@ def _backend(target: tvm.target.Target):
     raise RelaxTuneError(f"the relax_tune pipeline supports llvm and cuda targets, not {kind!r}")
 
 
+def lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """The passes the "relax_tune" pipeline runs before tuning (legalize, fuse, FuseTIR).
+
+    A model lowered with them (inside ``with target:``) has exactly the tasks the pipeline
+    tunes and applies, so tuning it separately (``relax-tune tune``) fills the database the
+    pipeline then uses."""
+    return [
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.CanonicalizeBindings(),
+        *_backend(target).library_dispatch_passes(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+
+
 def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
                         max_trials_global: int = 64, max_trials_per_task: int | None = None,
                         op_names: Sequence[str] | None = None, params: dict | None = None,
@@ -228,14 +246,7 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
                 if max_trials_global > 0 else [])
         with tgt:
             return tvm.transform.Sequential([
-                relax.transform.DecomposeOpsForInference(),
-                relax.transform.CanonicalizeBindings(),
-                *backend.library_dispatch_passes(tgt),
-                relax.transform.LegalizeOps(),
-                relax.transform.AnnotateTIROpPattern(),
-                relax.transform.FoldConstant(),
-                relax.transform.FuseOps(),
-                relax.transform.FuseTIR(),
+                *lowering_passes(tgt),
                 *tune,
                 ApplyDatabase(work_dir=work_dir),
                 *backend.dataflow_lower_passes(tgt),
