@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,8 +17,12 @@ import tvm
 from tvm.s_tir import analysis as s_analysis
 
 from .database import Database, JSONDatabase, TuningRecord
+from .cost_model import cost_model_dir, make_cost_model
 from .extract import ExtractedTask, extract_tasks
 from .measure import LocalBuilder, LocalRunner
+from .measure.verify import CorrectnessChecker
+from .progress import Progress
+from .scheduler import TaskProgress, TaskScheduler, make_scheduler
 from .search import Candidate, SearchContext, candidate_key, make_search
 from .utils import FAILED_RUN_SECS, RelaxTuneError, args_info, parse_target
 
@@ -42,8 +47,9 @@ class TaskReport:
     failures: int = 0
     best_secs: float | None = None
     baseline_secs: float | None = None
-    exhausted: bool = False
     new_trials: int = 0
+    status: str = "tuning"
+    """Why the task stopped: budget, converged, exhausted, too cheap, time, stopped."""
 
     @property
     def applied_secs(self) -> float | None:
@@ -78,7 +84,9 @@ class _TaskState:
     workload: object
     search: object
     measured: set[str] = field(default_factory=set)
-    done: bool = False
+    progress: TaskProgress = None  # type: ignore[assignment]
+    best_history: list[float] = field(default_factory=list)
+    """Best latency after each trial measured in this run (inf until one is valid)."""
 
 
 def _flops(mod: tvm.IRModule) -> float:
@@ -112,66 +120,153 @@ def tune_tasks(
     runner: LocalRunner | None = None,
     strategy: str = "replay",
     cost_model=None,
+    task_scheduler: str | TaskScheduler = "gradient",
+    max_time: float | None = None,
+    convergence_window: int = 64,
+    min_task_share: float = 0.005,
     seed: int = 1,
     measure_baseline: bool = True,
+    check_correctness: bool = True,
+    progress_bar: bool | None = None,
 ) -> list[TaskReport]:
     """Tune ``tasks`` and commit every measured candidate to the database.
 
-    The budget is shared: tasks take turns (round robin) drawing ``num_trials_per_iter``
-    candidates until ``max_trials_global`` trials are spent, each task stopping at
-    ``max_trials_per_task`` or when its space is exhausted. Records already in the database
-    count against the budgets and are never measured again, so running twice with the same
-    work_dir resumes instead of starting over. Each task's untuned function is timed once
-    and recorded as its baseline (an empty trace), which is not counted as a trial.
-    A candidate that fails to build or run is recorded with run_secs [1e10]; it never
-    stops tuning. ``strategy`` names a search (``relax_tune.search.search_names()``);
-    ``cost_model`` is handed to every task's search through its ``SearchContext``.
+    Budgets: ``max_trials_global`` trials shared by all tasks, at most
+    ``max_trials_per_task`` each (default: no cap beyond the global one), batches of
+    ``num_trials_per_iter``, and an optional wall-clock limit ``max_time`` (seconds; the
+    batch in flight finishes). The ``task_scheduler`` ("gradient" or "round-robin") picks
+    the task of each batch; every task that matters gets its first batch before any task
+    gets a second, most important first (share of the untuned model time), with the first
+    round split evenly when the budget is small. Tasks whose untuned time is below
+    ``min_task_share`` of the model's are left at their baseline ("too cheap"). A task stops
+    when its space is exhausted or when its best did not improve by 1% over its last
+    ``convergence_window`` trials; its budget flows to the others.
+
+    Resumption: records already in the database count against the budgets and are never
+    measured again, so running twice with the same work_dir resumes instead of starting
+    over. Each task's untuned function is timed once and recorded as its baseline (an empty
+    trace), which is not counted as a trial. A candidate that fails to build or run is
+    recorded with run_secs [1e10]; it never stops tuning. ``strategy`` names a search
+    (``relax_tune.search.search_names()``); ``cost_model``
+    ("xgb", "random", "none" or a CostModel; loaded from and saved to work_dir/cost_model)
+    is handed to every task's search
+    through its ``SearchContext``. Progress: a bar and a tuning table on a terminal
+    (``progress_bar`` forces it on or off), the full log in ``work_dir/logs/tune.log``.
+
+    Correctness (``check_correctness``, on by default): a candidate about to become its
+    task's best is run once more on seeded inputs and compared with the untuned function;
+    a wrong one is recorded as failed ([1e10], never applied) and the next fastest is
+    checked (``relax_tune.measure.verify``). The final best of every task has passed it.
 
     Returns one ``TaskReport`` per task, in the order given.
     """
     if max_trials_global < 0 or (max_trials_per_task is not None and max_trials_per_task < 0):
         raise RelaxTuneError("trial budgets must be >= 0")
+    if num_trials_per_iter < 1:
+        raise RelaxTuneError(f"num_trials_per_iter must be >= 1, not {num_trials_per_iter}")
     db = open_database(work_dir, database)
+    scheduler = make_scheduler(task_scheduler, seed)
     per_task = max_trials_global if max_trials_per_task is None else max_trials_per_task
     own_builder, own_runner = builder is None, runner is None
     builder = builder or LocalBuilder()
     runner = runner or LocalRunner()
-    states = [_init_state(i, task, db, strategy, seed, cost_model)
+    checker = CorrectnessChecker(builder, runner) if check_correctness else None
+    model = make_cost_model(cost_model, work_dir)  # a name, or a CostModel passed through
+    states = [_init_state(i, task, db, strategy, seed, model)
               for i, task in enumerate(tasks)]
+    remaining = max(0, max_trials_global - sum(st.report.trials for st in states))
+    progress = Progress(remaining, os.path.join(work_dir, "logs") if work_dir else None,
+                        enable_bar=progress_bar)
+    deadline = None if max_time is None else time.monotonic() + max_time
     try:
-        if measure_baseline:
+        if measure_baseline and remaining > 0:
             for st in states:
                 if BASELINE_KEY not in st.measured:
                     _measure(st, [None], db, builder, runner)
-        remaining = max_trials_global - sum(st.report.trials for st in states)
-        start = time.perf_counter()
+        _prioritise(states, min_task_share, per_task)
+        rounds_since_table = 0
         while remaining > 0:
-            active = [st for st in states if not st.done and st.report.trials < per_task]
-            if not active:
+            if deadline is not None and time.monotonic() >= deadline:
+                logger.info("max_time of %.0f s reached; stopping", max_time)
+                for st in states:
+                    if st.progress.active:
+                        st.report.status = "time"
                 break
-            for st in active:
-                n = min(num_trials_per_iter, per_task - st.report.trials, remaining)
-                if n <= 0:
-                    continue
-                cands = st.search.next_candidates(n, exclude=st.measured)
-                if not cands:
-                    st.done = st.report.exhausted = True
-                    logger.info("%s: design space exhausted after %d trials",
-                                st.report.task_name, st.report.trials)
-                    continue
-                for cand in cands:  # the search module may reuse keys it already gave; be safe
-                    st.measured.add(cand.key)
-                _measure(st, cands, db, builder, runner)
-                remaining -= len(cands)
-                _log_progress(st.report, max_trials_global - remaining, max_trials_global, start)
-                if remaining <= 0:
-                    break
+            index = scheduler.next_task([st.progress for st in states])
+            if index is None:
+                break
+            st = states[index]
+            n = min(num_trials_per_iter, per_task - st.report.trials, remaining)
+            if st.progress.rounds == 0:  # a small budget is split over the first round
+                waiting = sum(1 for t in states if t.progress.active and t.progress.rounds == 0)
+                n = min(n, max(1, remaining // waiting))
+            cands = st.search.next_candidates(n, exclude=st.measured)
+            if not cands:
+                _finish(st, "exhausted")
+                continue
+            for cand in cands:
+                st.measured.add(cand.key)
+            _measure(st, cands, db, builder, runner, checker)
+            remaining -= len(cands)
+            _after_round(st, per_task, convergence_window)
+            progress.advance(st.report, len(cands))
+            rounds_since_table += 1
+            if rounds_since_table >= sum(1 for t in states if t.progress.active) > 0:
+                progress.table([t.report for t in states])
+                rounds_since_table = 0
     finally:
+        if model is not None and work_dir is not None:
+            try:  # the next run on this work_dir starts from this model
+                model.save(cost_model_dir(work_dir))
+            except Exception as err:  # a full disk must not lose the tuning records
+                logger.warning("cost model not saved to %s: %s", cost_model_dir(work_dir), err)
+        for st in states:
+            if st.report.status == "tuning":
+                st.report.status = "budget" if st.report.trials >= per_task else "stopped"
+        progress.table([st.report for st in states])
+        progress.close()
         if own_builder:
             builder.shutdown()
         if own_runner:
             runner.shutdown()
     return [st.report for st in states]
+
+
+def _prioritise(states: list[_TaskState], min_share: float, per_task: int) -> None:
+    """Set each task's importance (share of the untuned model time, or of FLOPs while any
+    baseline is missing) and leave the tasks too cheap to matter, or at budget, inactive."""
+    measured = all(st.report.baseline_secs for st in states)
+    weights = [st.report.weight * (st.report.baseline_secs if measured else st.report.flops)
+               for st in states]
+    total = sum(weights)
+    for st, w in zip(states, weights):
+        st.progress.importance = w / total if total > 0 else 1.0
+        if st.report.trials >= per_task:
+            _finish(st, "budget")
+        elif measured and len(states) > 1 and st.progress.importance < min_share:
+            _finish(st, "too cheap")
+            logger.info("%s: %.2f%% of the untuned model time; kept at its baseline",
+                        st.report.task_name, 100 * st.progress.importance)
+
+
+def _finish(st: _TaskState, status: str) -> None:
+    st.progress.active = False
+    st.report.status = status
+    if status == "exhausted":
+        logger.info("%s: design space exhausted after %d trials", st.report.task_name,
+                    st.report.trials)
+
+
+def _after_round(st: _TaskState, per_task: int, window: int) -> None:
+    """Record the round's best; stop the task at its budget or when it has converged."""
+    st.progress.rounds += 1
+    st.progress.best_per_round.append(st.report.best_secs or float("inf"))
+    hist = st.best_history
+    if st.report.trials >= per_task:
+        _finish(st, "budget")
+    elif window > 0 and len(hist) > window and hist[-1] > 0.99 * hist[-1 - window]:
+        _finish(st, "converged")
+        logger.info("%s: converged (no 1%% gain in %d trials)", st.report.task_name, window)
 
 
 def _init_state(index: int, task: ExtractedTask, db: Database, strategy: str,
@@ -197,11 +292,13 @@ def _init_state(index: int, task: ExtractedTask, db: Database, strategy: str,
     search = make_search(strategy, task.mod, task.target, seed=task_seed,
                          context=SearchContext(cost_model=cost_model, records=warm,
                                                task_name=task.task_name))
-    return _TaskState(task, report, workload, search, measured)
+    return _TaskState(task, report, workload, search, measured,
+                      progress=TaskProgress(weight=task.weight, importance=1.0))
 
 
 def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
-             builder: LocalBuilder, runner: LocalRunner) -> None:
+             builder: LocalBuilder, runner: LocalRunner,
+             checker: CorrectnessChecker | None = None) -> None:
     """Build, run and commit one batch of one task (None: the untuned function); update its
     report and tell the search how its candidates did."""
     task, report = st.task, st.report
@@ -214,6 +311,9 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
     max_secs = _BASELINE_MAX_SECS if best is None else min(max(2 * best, 1e-3),
                                                            _BASELINE_MAX_SECS)
     runs = runner.run([b.artifact_path for b in builds], info, task.target, max_secs=max_secs)
+    if checker is not None and None not in traces:  # wrong would-be bests become failures
+        runs = checker.screen(report.task_name, task.mod, task.target, info,
+                              [b.artifact_path for b in builds], runs, report.best_secs)
     measured_cands, measured_secs = [], []
     for cand, trace, build, run in zip(cands, traces, builds, runs):
         ok = build.error is None and run.error is None and run.run_secs
@@ -236,15 +336,9 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
             report.failures += 1
         elif report.best_secs is None or mean < report.best_secs:
             report.best_secs = mean
+        st.best_history.append(report.best_secs or float("inf"))
     if measured_cands:
         st.search.update(measured_cands, measured_secs)
-
-
-def _log_progress(report: TaskReport, done: int, total: int, start: float) -> None:
-    elapsed = time.perf_counter() - start
-    best = f"{report.best_secs * 1e3:.4f} ms" if report.best_secs else "n/a"
-    logger.info("[%d/%d trials, %.0f s] %s: %d trials, best %s, %d failed",
-                done, total, elapsed, report.task_name, report.trials, best, report.failures)
 
 
 def tune_tir(

@@ -42,7 +42,9 @@ def test_tune_irmod_returns_module_unchanged_and_records_every_task(tuned, demo,
     tasks = rt.extract_tasks(lowered, target)
     assert {r.workload.shash for r in db.get_all_tuning_records()} == {t.shash for t in tasks}
     for r in reports:
-        assert r.baseline_secs is not None and r.trials >= 1
+        assert r.baseline_secs is not None
+        assert r.trials >= 1 or r.status in ("too cheap", "exhausted"), r
+    assert sum(r.trials >= 1 for r in reports) >= 2
 
 
 def test_no_trace_measured_twice_and_resume_spends_nothing(tuned, demo, target):

@@ -1,0 +1,108 @@
+"""What a person sees while tuning: one live progress bar and a tuning table per round on a
+terminal; plain log lines otherwise; the full log in ``work_dir/logs``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+logger = logging.getLogger("relax_tune.tune")
+
+
+def format_tuning_table(reports: Sequence) -> str:
+    """The tuning table: task, FLOP, weight, GFLOP/s, latency, weighted latency, trials,
+    what is applied (tuned schedule or the untuned function) and whether the task is done."""
+    head = (f"{'#':>3} {'task':<28}{'FLOP':>10}{'weight':>7}{'GFLOP/s':>9}{'untuned us':>12}"
+            f"{'best us':>10}{'weighted us':>12}{'trials':>7}  {'applied':<8}{'done':<10}")
+    lines = [head, "-" * len(head)]
+    total = 0.0
+    for i, r in enumerate(reports):
+        applied = r.applied_secs
+        weighted = applied * r.weight if applied else None
+        total += weighted or 0.0
+
+        def us(x):
+            return f"{x * 1e6:.2f}" if x else "-"
+        lines.append(
+            f"{i:>3} {r.task_name[:27]:<28}{r.flops:>10.3g}{r.weight:>7}"
+            f"{(f'{r.gflops:.2f}' if r.gflops else '-'):>9}{us(r.baseline_secs):>12}"
+            f"{us(r.best_secs):>10}{us(weighted):>12}{r.trials:>7}  "
+            f"{('tuned' if r.tuned_applied else 'untuned'):<8}{r.status:<10}")
+    lines.append(f"estimated end-to-end (sum of weighted latencies): {total * 1e6:.2f} us")
+    return "\n".join(lines)
+
+
+class Progress:
+    """Progress of one tuning session.
+
+    On a terminal (``stderr`` is a TTY) a tqdm bar shows trials done/total, elapsed time,
+    ETA and the current task, and the tuning table is printed above it after each round.
+    Otherwise nothing is printed: one INFO log line per batch goes to the ``relax_tune``
+    logger. When ``log_dir`` is given, everything down to DEBUG is also written to
+    ``log_dir/tune.log``.
+    """
+
+    def __init__(self, total: int, log_dir: str | None = None, enable_bar: bool | None = None):
+        self.total = total
+        self.done = 0
+        self.start = time.perf_counter()
+        self._handler = self._open_log(log_dir) if log_dir else None
+        tty = sys.stderr.isatty() if enable_bar is None else enable_bar
+        self._bar = None
+        if tty and total > 0:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, unit="trial", dynamic_ncols=True, file=sys.stderr)
+
+    @staticmethod
+    def _open_log(log_dir: str) -> logging.Handler | None:
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+            handler = logging.FileHandler(os.path.join(log_dir, "tune.log"))
+        except OSError as err:
+            logger.warning("cannot write logs to %s (%s); going on without a log file",
+                           log_dir, err)
+            return None
+        handler.setLevel(logging.DEBUG)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+        root = logging.getLogger("relax_tune")
+        root.addHandler(handler)
+        if root.getEffectiveLevel() > logging.DEBUG:
+            root.setLevel(logging.DEBUG)
+            handler._relax_tune_restore = True  # type: ignore[attr-defined]
+        return handler
+
+    def advance(self, report, n: int) -> None:
+        """``n`` more trials were measured for ``report``'s task."""
+        self.done += n
+        elapsed = time.perf_counter() - self.start
+        best = f"{report.best_secs * 1e6:.2f} us" if report.best_secs else "-"
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{report.task_name[:24]} best {best}", refresh=False)
+            self._bar.update(n)
+        logger.info("[%d/%d trials, %.0f s] %s: %d trials, best %s, %d failed",
+                    self.done, self.total, elapsed, report.task_name, report.trials, best,
+                    report.failures)
+
+    def table(self, reports: Sequence) -> None:
+        """Show the tuning table (above the bar on a terminal; at DEBUG in the log)."""
+        text = format_tuning_table(reports)
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stderr)
+        logger.debug("tuning table:\n%s", text)
+
+    def close(self) -> None:
+        """Stop the bar and the log file."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._handler is not None:
+            root = logging.getLogger("relax_tune")
+            root.removeHandler(self._handler)
+            if getattr(self._handler, "_relax_tune_restore", False):
+                root.setLevel(logging.NOTSET)
+            self._handler.close()
+            self._handler = None

@@ -1,0 +1,155 @@
+"""Task scheduling, budgets, time limits, resumption and progress of tune_tasks."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.frontend import nn
+
+import relax_tune as rt
+from relax_tune.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress
+from relax_tune.search import candidate_key
+
+SMALL = {"num_trials_per_iter": 2, "min_task_share": 0.0}
+
+
+@pytest.fixture(scope="module")
+def two_task_model(target):
+    """A model with a 64x64x64 matmul called four times and a 16x16x16 matmul called once."""
+
+    class TwoTasks(nn.Module):
+        def __init__(self):
+            self.w = nn.Parameter((64, 64), "float32")
+            self.v = nn.Parameter((16, 16), "float32")
+
+        def forward(self, x, z):
+            for _ in range(4):
+                x = nn.op.matmul(x, self.w)
+            return x, nn.op.matmul(z, self.v)
+
+    mod, _ = TwoTasks().export_tvm({"forward": {
+        "x": nn.spec.Tensor((64, 64), "float32"), "z": nn.spec.Tensor((16, 16), "float32")}})
+    with target:
+        lowered = relax.get_pipeline("zero")(mod)
+    tasks = rt.extract_tasks(lowered, target)
+    assert sorted(t.weight for t in tasks) == [1, 4]
+    return tasks
+
+
+def test_gradient_scheduler_prefers_the_heavy_task_pure():
+    heavy = TaskProgress(weight=4, importance=0.9, best_per_round=[1e-3], rounds=1)
+    light = TaskProgress(weight=1, importance=0.1, best_per_round=[1e-5], rounds=1)
+    assert GradientScheduler().next_task([light, heavy]) == 1
+    # first round first, most important first, before anyone gets a second batch
+    fresh = TaskProgress(weight=1, importance=0.5)
+    assert GradientScheduler().next_task([heavy, fresh]) == 1
+    assert RoundRobinScheduler().next_task([heavy, light, fresh]) == 2
+
+
+def test_gradient_gives_more_trials_to_the_heavier_task_than_round_robin(two_task_model,
+                                                                         tmp_path):
+    trials = {}
+    for name in ("gradient", "round-robin"):
+        reports = rt.tune_tasks(two_task_model, str(tmp_path / name), max_trials_global=12,
+                                task_scheduler=name, convergence_window=0, **SMALL)
+        heavy = next(r for r in reports if r.weight == 4)
+        assert sum(r.trials for r in reports) == 12
+        trials[name] = heavy.trials
+    assert trials["gradient"] > trials["round-robin"], trials
+
+
+def test_resume_skips_task_at_budget_and_measures_nothing_twice(two_task_model, tmp_path):
+    wd = str(tmp_path)
+    first = rt.tune_tasks(two_task_model, wd, max_trials_global=8, max_trials_per_task=3,
+                          **SMALL)
+    assert [r.trials for r in first] == [3, 3]
+    again = rt.tune_tasks(two_task_model, wd, max_trials_global=8, max_trials_per_task=3,
+                          **SMALL)
+    assert [r.new_trials for r in again] == [0, 0]
+    assert all(r.status == "budget" for r in again)
+    more = rt.tune_tasks(two_task_model, wd, max_trials_global=10, max_trials_per_task=5,
+                         **SMALL)
+    assert sum(r.new_trials for r in more) == 4
+    db = rt.JSONDatabase(work_dir=wd)
+    keys = [(r.workload.shash, candidate_key(r.trace_json)) for r in db.get_all_tuning_records()]
+    assert len(keys) == len(set(keys)) == 2 * 5 + 2  # trials + one baseline per task
+
+
+def test_max_time_stops_tuning(two_task_model, tmp_path):
+    start = time.monotonic()
+    reports = rt.tune_tasks(two_task_model, str(tmp_path), max_trials_global=1000,
+                            max_time=0.0, **SMALL)
+    assert sum(r.trials for r in reports) == 0
+    assert all(r.status == "time" for r in reports)
+    assert time.monotonic() - start < 120
+
+
+def test_too_cheap_task_keeps_its_baseline(two_task_model, tmp_path):
+    reports = rt.tune_tasks(two_task_model, str(tmp_path), max_trials_global=4,
+                            num_trials_per_iter=2)
+    light = next(r for r in reports if r.weight == 1)
+    assert light.status == "too cheap" and light.trials == 0 and light.baseline_secs
+
+
+def test_progress_bar_table_and_log_file(two_task_model, tmp_path, capsys):
+    rt.tune_tasks(two_task_model, str(tmp_path), max_trials_global=4, progress_bar=True,
+                  **SMALL)
+    err = capsys.readouterr().err
+    assert "trial" in err and "weighted us" in err and "estimated end-to-end" in err
+    log = (tmp_path / "logs" / "tune.log").read_text()
+    assert "trials" in log and "tuning table" in log
+
+
+_CHILD = """
+import sys, relax_tune as rt
+from tvm import te
+import tvm
+A = te.placeholder((128, 128), name="A"); B = te.placeholder((128, 128), name="B")
+k = te.reduce_axis((0, 128), name="k")
+C = te.compute((128, 128), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+tasks = rt.extract_tasks(tvm.IRModule({"mm": te.create_prim_func([A, B, C])}), rt.host_target())
+rt.tune_tasks(tasks, sys.argv[1], max_trials_global=int(sys.argv[2]), num_trials_per_iter=2)
+"""
+
+
+def test_sigkill_during_tuning_then_resume_loses_nothing(tmp_path):
+    wd = tmp_path / "work"
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    proc = subprocess.Popen([sys.executable, str(script), str(wd), "200"],
+                            start_new_session=True)
+    records = wd / "database_tuning_record.json"
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            if records.exists() and records.read_text().count("\n") >= 5:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the tuner wrote no records in time")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    lines = [ln for ln in records.read_text().splitlines() if ln.strip()]
+    complete = []
+    for ln in lines:
+        try:
+            complete.append(json.loads(ln))
+        except ValueError:
+            pass  # a torn last line is allowed; everything before it must load
+    assert len(complete) >= len(lines) - 1 >= 4
+    db = rt.JSONDatabase(work_dir=str(wd))
+    assert len(db) == len(complete)
+    before = {candidate_key(r.trace_json) for r in db.get_all_tuning_records()}
+    subprocess.run([sys.executable, str(script), str(wd), str(len(complete) + 2)], check=True,
+                   timeout=300)
+    after = rt.JSONDatabase(work_dir=str(wd)).get_all_tuning_records()
+    keys = [candidate_key(r.trace_json) for r in after]
+    assert before <= set(keys)
+    assert len(keys) == len(set(keys))
