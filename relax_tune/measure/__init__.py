@@ -4,6 +4,8 @@
   candidate in persistent worker processes (crash- and timeout-isolated).
 - ``LocalRunner``: times exported libraries with the runtime's time evaluator, one candidate
   at a time, in a persistent worker process (crash- and timeout-isolated).
+- ``RPCRunner``: the same on remote devices through TVM's RPC tracker, one session per
+  candidate, spread over every server under a key; lost sessions are retried elsewhere.
 
 Every candidate gets a result; a failure is a result with ``error`` set (a database record
 stores ``run_secs=[1e10]`` for it, see ``RunResult.secs_for_record``), never an exception.
@@ -20,8 +22,9 @@ from .base import (
 )
 from .local_builder import LocalBuilder
 from .local_runner import LocalRunner
+from .rpc_runner import RPCRunner, parse_rpc_spec
 
 __all__ = [
     "ERROR_CRASHED", "ERROR_TIMEOUT", "BuildResult", "Builder", "LocalBuilder", "LocalRunner",
-    "MeasureError", "RunResult", "Runner",
+    "MeasureError", "RPCRunner", "RunResult", "Runner", "parse_rpc_spec",
 ]

@@ -92,10 +92,13 @@ class RunResult:
             single entry when only the warm-up call was measured (see ``LocalRunner.run``'s
             ``max_secs``). None when the candidate failed.
         error: None on success; otherwise a short message, ``"timeout"`` or ``"worker crashed"``.
+        device: which device measured it: ``key@host:port`` of the RPC server for a remote
+            runner, None for a local one (or when no server was reached).
     """
 
     run_secs: list[float] | None
     error: str | None
+    device: str | None = None
 
     @property
     def ok(self) -> bool:

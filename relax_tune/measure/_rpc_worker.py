@@ -1,0 +1,129 @@
+"""Code that runs inside ``RPCRunner``'s worker processes: one RPC session per candidate.
+
+Each call asks the tracker for a server under the key, uploads the candidate's library, times
+its ``main`` there and releases the session before returning (the session object is deleted
+and collected, so the server is free again). Only plain data crosses back: the times, an error
+text, the server that measured, and whether the session (not the candidate) failed, which is
+what tells the parent to retry the candidate on another server.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import rpc
+from tvm.rpc import base as rpc_base
+
+from ._worker import random_inputs
+from .base import short_error
+
+_trackers: dict[tuple[str, int], Any] = {}
+
+# Words in an error that mean the connection or the server went away, not the candidate.
+_LOST_MARKERS = ("socket", "connection", "broken pipe", "rpcsessiontimeout", "session has expired",
+                 "closed", "reset by peer", "eof", "cannot request")
+
+
+def _tracker(host: str, port: int) -> Any:
+    tracker = _trackers.get((host, port))
+    if tracker is None:
+        tracker = _trackers[(host, port)] = rpc.connect_tracker(host, port)
+    return tracker
+
+
+def _request(host: str, port: int, key: str, priority: int,
+             session_timeout: float) -> tuple[Any, str]:
+    """A session on a free server under ``key`` and that server's ``host:port``.
+
+    This is ``TrackerSession.request`` with the server's address kept, so results can say
+    which device measured them."""
+    tracker = _tracker(host, port)
+    try:
+        if tracker._sock is None:  # noqa: SLF001 - reconnect after a dropped tracker link
+            tracker._connect()  # noqa: SLF001
+        rpc_base.sendjson(tracker._sock, [rpc_base.TrackerCode.REQUEST, key, "", priority])  # noqa: SLF001
+        value = rpc_base.recvjson(tracker._sock)  # noqa: SLF001
+    except OSError:
+        _trackers.pop((host, port), None)
+        tracker.close()
+        raise
+    if value[0] != rpc_base.TrackerCode.SUCCESS:
+        raise RuntimeError(f"tracker refused the request for key {key!r}: {value}")
+    url, server_port, matchkey = value[1]
+    sess = rpc.connect(url, server_port, matchkey, session_timeout)
+    return sess, f"{key}@{url}:{server_port}"
+
+
+def looks_lost(error: str) -> bool:
+    """True when ``error`` says the session or server went away rather than the candidate failing."""
+    low = error.lower()
+    return any(marker in low for marker in _LOST_MARKERS)
+
+
+def rpc_run_candidate(tracker_host: str, tracker_port: int, key: str, priority: int,
+                      session_timeout: float, artifact: str, args_info_json: str,
+                      device_type: int, number: int, repeat: int, min_repeat_ms: int,
+                      cooldown_ms: int, cache_flush: bool, max_secs: float | None, seed: int,
+                      fetch: bool) -> tuple[Any, str | None, str | None, bool]:
+    """Time (or, with ``fetch``, call once and return the arguments of) ``artifact``'s ``main``
+    on a server under ``key``.
+
+    Returns ``(run_secs or arrays, error, device, session_lost)``: ``device`` is
+    ``key@host:port`` of the server (None when none was reached) and ``session_lost`` is True
+    when the failure was the session's (tracker, connection, server death or session timeout),
+    so the candidate deserves another server."""
+    stage = "request"
+    device: str | None = None
+    sess = None
+    name = f"rt_{os.getpid()}_{os.path.basename(artifact)}"
+    try:
+        sess, device = _request(tracker_host, tracker_port, key, priority, session_timeout)
+        stage = "upload"
+        sess.upload(artifact, target=name)
+        stage = "load"
+        module = sess.load_module(name)
+        dev = sess.device(device_type, 0)
+        args = random_inputs(json.loads(args_info_json), dev, seed)
+        stage = "warm-up call"
+        module["main"](*args)
+        dev.sync()
+        if fetch:
+            return [a.numpy() if hasattr(a, "numpy") else np.asarray(a) for a in args], \
+                None, device, False
+        stage = "timing"
+        first_eval = module.time_evaluator("main", dev, number=1, repeat=1)
+        first = float(first_eval(*args).mean)
+        if max_secs is not None and first > max_secs:
+            return [first], None, device, False
+        evaluator = module.time_evaluator(
+            "main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+            cooldown_interval_ms=cooldown_ms,
+            f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "")
+        return [float(x) for x in evaluator(*args).results], None, device, False
+    except Exception as err:  # noqa: BLE001 - every failure becomes a result
+        text = f"{stage} failed: {short_error(err)}"
+        lost = stage in ("request", "upload") or looks_lost(text)
+        return None, text, device, lost
+    finally:
+        if sess is not None:
+            try:
+                sess.remove(name)
+            except Exception:  # noqa: BLE001 - the server may be gone; nothing to clean then
+                pass
+        # release the session: the server serves one session at a time
+        module = args = dev = sess = None  # noqa: F841
+        gc.collect()
+
+
+def tracker_servers(tracker_host: str, tracker_port: int, key: str) -> tuple[int, int]:
+    """``(servers registered under key, free ones)`` according to the tracker."""
+    summary = _tracker(tracker_host, tracker_port).summary()
+    servers = [s for s in summary.get("server_info", ())
+               if s.get("key", "") == "server:" + key]
+    free = summary.get("queue_info", {}).get(key, {}).get("free", 0)
+    return len(servers), int(free)
