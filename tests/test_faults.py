@@ -1,0 +1,294 @@
+"""Fault injection, end to end through ``tune_tasks`` with real builds and real runs on this CPU:
+a candidate that fails to compile, one that segfaults, one that hangs, one that computes the
+wrong thing; a tuner SIGKILLed while it writes; two tuners sharing one work_dir at once.
+
+Faults are injected by ``FaultBuilder``: a real ``LocalBuilder`` that, for chosen candidates,
+builds a real faulty kernel (same signature as the task) instead of the searched schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+from tvm.script import tirx as T
+
+from relax_tune import utils
+from relax_tune.database import JSONDatabase
+from relax_tune.extract import extract_tasks
+from relax_tune.measure import LocalBuilder, LocalRunner
+from relax_tune.measure.verify import WRONG_RESULT, CorrectnessChecker, compare_outputs
+from relax_tune.search import candidate_key
+from relax_tune.tune import BASELINE_KEY, tune_tasks
+
+N = 32
+
+
+def matmul_mod(n: int = N) -> tvm.IRModule:
+    A = te.placeholder((n, n), "float32", name="A")
+    B = te.placeholder((n, n), "float32", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    return utils.normalize_mod(te.create_prim_func([A, B, C]))
+
+
+@T.prim_func(s_tir=True)
+def wrong_kernel(A: T.Buffer((N, N), "float32"), B: T.Buffer((N, N), "float32"),
+                 C: T.Buffer((N, N), "float32")):
+    T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+    for i, j in T.grid(N, N):  # fast and wrong: no reduction at all
+        with T.sblock("C"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            C[vi, vj] = A[vi, vj]
+
+
+@T.prim_func(s_tir=True)
+def segfault_kernel(A: T.Buffer((N, N), "float32"), B: T.Buffer((N, N), "float32"),
+                    C: T.Buffer((N, N), "float32")):
+    T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+    D = T.decl_buffer((1,), "float32", data=C.data)  # aliases C, no bounds checks
+    for i in range(1000):
+        with T.sblock("w"):
+            vi = T.axis.spatial(1000, i)
+            D[T.int64(vi) * T.int64(68719476736)] = T.float32(1.0)  # 256 GiB strides
+
+
+@T.prim_func(s_tir=True)
+def hang_kernel(A: T.Buffer((N, N), "float32"), B: T.Buffer((N, N), "float32"),
+                C: T.Buffer((N, N), "float32")):
+    T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+    for i, j in T.grid(1000000, 1000000):  # 1e12 dependent updates: never ends
+        with T.sblock("acc"):
+            vi, vj = T.axis.remap("RR", [i, j])
+            C[0, 0] = C[0, 0] * T.float32(1.0000001) + A[0, 1]
+
+
+FAULTS = {"wrong": wrong_kernel, "segfault": segfault_kernel, "hang": hang_kernel}
+
+
+class FaultBuilder(LocalBuilder):
+    """Builds tuned candidate number k (counting from 0 over all batches) as ``faults[k]``:
+    ``"compile"`` (a trace naming a block that does not exist) or a kernel of ``FAULTS``."""
+
+    def __init__(self, faults: dict[int, str], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.faults = dict(faults)
+        self.count = 0
+        self.injected: dict[str, str] = {}  # fault -> candidate key
+
+    def build(self, workload, target, traces):
+        results = []
+        for trace in traces:
+            if trace is None:  # the untuned function: never faulty
+                results += super().build(workload, target, [None])
+                continue
+            fault = self.faults.get(self.count)
+            self.count += 1
+            if fault is None:
+                results += super().build(workload, target, [trace])
+                continue
+            self.injected[fault] = candidate_key(trace)
+            if fault == "compile":
+                broken = json.loads(json.dumps(trace))
+                broken[0][0][2][0] = "no_such_block"
+                results += super().build(workload, target, [broken])
+            else:
+                results += super().build(utils.normalize_mod(FAULTS[fault]), target, [None])
+        return results
+
+
+def _records_by_key(db: JSONDatabase) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for rec in db.get_all_tuning_records():
+        out.setdefault(candidate_key(rec.trace_json), []).append(rec)
+    return out
+
+
+def test_compare_outputs():
+    a = np.arange(6, dtype="float32").reshape(2, 3)
+    assert compare_outputs([a], [a.copy()]) is None
+    assert compare_outputs([a + 1e-6], [a]) is None
+    assert "max abs difference" in compare_outputs([a + 1], [a])
+    assert "shape" in compare_outputs([a.T], [a])
+    assert "differ" in compare_outputs([np.array([1, 2])], [np.array([1, 3])])
+
+
+def test_faulty_candidates_are_recorded_and_tuning_continues(tmp_path, target, caplog):
+    mod = matmul_mod()
+    tasks = extract_tasks(mod, target)
+    faults = {0: "compile", 1: "segfault", 2: "hang", 3: "wrong"}
+    work = str(tmp_path / "work")
+    with FaultBuilder(faults, max_workers=2, timeout_sec=60) as builder, \
+            LocalRunner(timeout_sec=4.0) as runner:
+        start = time.perf_counter()
+        reports = tune_tasks(tasks, work, max_trials_global=8, num_trials_per_iter=4,
+                             builder=builder, runner=runner, measure_baseline=True)
+        wall = time.perf_counter() - start
+    assert set(builder.injected) == {"compile", "segfault", "hang", "wrong"}
+    report = reports[0]
+    assert report.trials == 8 and report.failures >= 4
+    assert report.best_secs is not None  # the healthy candidates were timed
+    db = JSONDatabase(work_dir=work)
+    by_key = _records_by_key(db)
+    assert len(db) == 9  # 8 trials + the baseline: every candidate accounted for
+    for fault, key in builder.injected.items():
+        (rec,) = by_key[key]
+        assert not rec.is_valid, fault  # recorded, as failed
+    assert BASELINE_KEY in by_key
+    # the wrong kernel is by far the fastest; the check caught it, so it is never applied
+    best = db.query_tuning_record(mod, target)
+    assert best is not None and candidate_key(best.trace_json) != builder.injected["wrong"]
+    assert any(WRONG_RESULT in r.getMessage() for r in caplog.records)
+    assert wall < 120
+
+
+def test_check_correctness_off_lets_wrong_best_through(tmp_path, target):
+    """The check is what stops the wrong kernel (so the test above cannot pass by accident)."""
+    mod = matmul_mod()
+    tasks = extract_tasks(mod, target)
+    work = str(tmp_path / "work")
+    with FaultBuilder({0: "wrong"}, max_workers=2) as builder, LocalRunner() as runner:
+        tune_tasks(tasks, work, max_trials_global=3, num_trials_per_iter=3, builder=builder,
+                   runner=runner, check_correctness=False)
+    db = JSONDatabase(work_dir=work)
+    rec = _records_by_key(db)[builder.injected["wrong"]][0]
+    assert rec.is_valid
+
+
+def test_checker_passes_good_schedules(target):
+    mod = matmul_mod()
+    from relax_tune.search import make_search
+
+    cands = make_search("replay", mod, target, seed=3).next_candidates(4)
+    with LocalBuilder(max_workers=2) as builder, LocalRunner() as runner:
+        checker = CorrectnessChecker(builder, runner)
+        builds = builder.build(mod, target, [c.trace_json for c in cands])
+        info = utils.args_info(mod)
+        for b in builds:
+            assert b.ok
+            assert checker.check("mm", mod, target, info, b.artifact_path) is None
+    assert checker.checked == 4 and checker.wrong == 0
+
+
+# ----------------------------------------------------------------------------- processes
+
+_TUNER = textwrap.dedent("""
+    import json, sys
+    import tvm
+    from tvm import te
+    from relax_tune import utils
+    from relax_tune.database import JSONDatabase
+    from relax_tune.extract import extract_tasks
+    from relax_tune.measure import LocalBuilder, LocalRunner
+    from relax_tune.search import candidate_key
+    from relax_tune.tune import tune_tasks
+
+    work, n, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    A = te.placeholder((n, n), "float32", name="A"); B = te.placeholder((n, n), "float32", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    mod = utils.normalize_mod(te.create_prim_func([A, B, C]))
+    tasks = extract_tasks(mod, utils.host_target())
+    db = JSONDatabase(work_dir=work)
+    committed = []
+    commit = db.commit_tuning_record
+    def logged(rec):
+        commit(rec)
+        committed.append([candidate_key(rec.trace_json), rec.run_secs])
+        print("COMMITTED", flush=True)
+    db.commit_tuning_record = logged
+    with LocalBuilder(max_workers=1) as b, LocalRunner() as r:
+        tune_tasks(tasks, max_trials_global=trials, num_trials_per_iter=4, database=db,
+                   builder=b, runner=r, seed=seed)
+    print("RESULT " + json.dumps(committed), flush=True)
+""")
+
+
+def _tuner(work: str, n: int, trials: int, seed: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _TUNER, work, str(n), str(trials), str(seed)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def test_tuner_sigkilled_mid_write_then_load_and_resume(tmp_path, target, caplog):
+    work = str(tmp_path / "work")
+    proc = _tuner(work, N, 64, 1)
+    try:
+        seen = 0
+        deadline = time.monotonic() + 120
+        while seen < 5 and time.monotonic() < deadline:  # wait for a few commits
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen += line.startswith("COMMITTED")
+        assert seen >= 5, "the tuner committed nothing"
+    finally:
+        _kill(proc)  # SIGKILL to the whole process group, workers included
+    path = os.path.join(work, "database_tuning_record.json")
+    with open(path, "rb") as f:
+        lines = f.read().splitlines()
+    complete = len(lines)
+    # a write torn by the kill: the last record line cut in the middle, without its newline
+    with open(path, "ab") as f:
+        f.write(lines[-1][: len(lines[-1]) // 2])
+    db = JSONDatabase(work_dir=work)
+    assert len(db) == complete  # every complete line loads; the torn one is skipped
+    assert any("skipped a bad tuning record" in r.getMessage() for r in caplog.records)
+    before = {candidate_key(r.trace_json) for r in db.get_all_tuning_records()}
+    tasks = extract_tasks(matmul_mod(), target)
+    with LocalBuilder(max_workers=2) as b, LocalRunner() as r:
+        reports = tune_tasks(tasks, work, max_trials_global=complete + 3, num_trials_per_iter=4,
+                             builder=b, runner=r)
+    assert reports[0].new_trials == 4  # resumed: trials on disk counted (baseline aside)
+    db2 = JSONDatabase(work_dir=work)
+    keys = [candidate_key(r.trace_json) for r in db2.get_all_tuning_records()]
+    assert before <= set(keys) and len(keys) == len(set(keys))  # nothing lost, none repeated
+    assert len(db2) == complete + 4
+
+
+def test_two_tuners_share_one_work_dir(tmp_path):
+    work = str(tmp_path / "work")
+    procs = [_tuner(work, N, 12, 1), _tuner(work, N, 12, 2)]
+    outs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=240)
+            outs.append(out)
+    finally:
+        for proc in procs:
+            _kill(proc)
+    committed = []
+    for out in outs:
+        result = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert result, "a tuner did not finish"
+        committed += json.loads(result[0][len("RESULT "):])
+    assert len(committed) >= 2 * 12
+    with open(os.path.join(work, "database_tuning_record.json"), "rb") as f:
+        lines = f.read().splitlines()
+    assert len(lines) == len(committed)
+    for line in lines:  # none corrupt
+        value = json.loads(line)
+        assert isinstance(value, list) and value[0] == 0
+    db = JSONDatabase(work_dir=work)
+    assert len(db) == len(committed)
+    stored = sorted((candidate_key(r.trace_json), r.run_secs) for r in db.get_all_tuning_records())
+    assert stored == sorted((k, secs) for k, secs in committed)
+    with open(os.path.join(work, "database_workload.json"), "rb") as f:
+        assert len(f.read().splitlines()) == 1  # one workload, committed once
