@@ -31,7 +31,11 @@ def _tune_module(mod: tvm.IRModule, target, work_dir, database, params, max_tria
                  max_trials_per_task, op_names, tune_kwargs) -> list[TaskReport]:
     target = parse_target(target)
     db = open_database(work_dir, database)
-    tasks = extract_tasks(mod, target, op_names=op_names, params=params)
+    if params:
+        # Tune what the compiled model will run: weight-only kernels fold away once bound.
+        with target:
+            mod = relax.transform.FoldConstant()(bind_params(mod, params))
+    tasks = extract_tasks(mod, target, op_names=op_names)
     if not tasks:
         logger.warning("nothing to tune: no static-shape TIR function found")
         return []
@@ -52,7 +56,9 @@ class TuneIRMod:
 
     Parameters
     ----------
-    params: ``{name: array}`` bound into the Relax functions before extracting tasks (or None).
+    params: ``{name: array}`` bound into the Relax functions, and what depends only on them
+        folded, before extracting tasks (or None): the tasks are then the kernels a model
+        compiled with those params runs (no weight transposes).
     work_dir: where the JSON database is kept (created if missing).
     max_trials_global: trials shared by all tasks.
     max_trials_per_task: cap per task (default: the global budget).
@@ -120,7 +126,10 @@ class ExtractTasks:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Extract the tasks of ``mod`` and return it unchanged."""
-        self.tasks = extract_tasks(mod, self.target, op_names=self.op_names, params=self.params)
+        if self.params:
+            with parse_target(self.target):
+                mod = relax.transform.FoldConstant()(bind_params(mod, self.params))
+        self.tasks = extract_tasks(mod, self.target, op_names=self.op_names)
         return mod
 
 
@@ -138,7 +147,9 @@ class ApplyDatabase:
 
     The input module is never mutated. Replaced functions keep their attributes and get
     ``tirx.is_scheduled``; functions already scheduled, without records, or whose record
-    fails to replay are left as they were. ``applied`` lists the replaced names afterwards.
+    fails to replay are left as they were, and so is a function whose best record is its
+    untuned baseline (no tuned schedule beat it). Afterwards ``applied`` lists the replaced
+    names and ``kept`` the functions kept because their baseline won.
     """
 
     def __init__(self, work_dir: str | None = None, database: Database | None = None,
@@ -146,6 +157,7 @@ class ApplyDatabase:
         self.work_dir, self.database = work_dir, database
         self.enable_warning, self.target = enable_warning, target
         self.applied: list[str] = []
+        self.kept: list[str] = []
 
     def _database(self) -> Database:
         if self.database is not None:
@@ -163,7 +175,7 @@ class ApplyDatabase:
         target = parse_target(self.target)
         db = self._database()
         out = mod.clone()
-        self.applied = []
+        self.applied, self.kept = [], []
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc):
                 continue
@@ -190,6 +202,11 @@ class ApplyDatabase:
                 logger.warning("%s: no tuning record for target %s; left unchanged", name,
                                target.kind.name)
             return None
+        if len(sch.trace.insts) == 0:
+            # The best record is the untuned function itself (the task's baseline): no tuned
+            # schedule beat it, so the function stays exactly as it was.
+            self.kept.append(name)
+            return None
         new = sch.mod["main"]
         if func.attrs is not None:
             new = new.with_attrs(func.attrs)
@@ -207,48 +224,153 @@ def _backend(target: tvm.target.Target):
     raise RelaxTuneError(f"the relax_tune pipeline supports llvm and cuda targets, not {kind!r}")
 
 
-def lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = False,
+                    cpu_weight_prepack: bool = False) -> list[tvm.transform.Pass]:
     """The passes the "relax_tune" pipeline runs before tuning (legalize, fuse, FuseTIR).
 
-    A model lowered with them (inside ``with target:``) has exactly the tasks the pipeline
-    tunes and applies, so tuning it separately (``relax-tune tune``) fills the database the
-    pipeline then uses."""
+    A model lowered with them (inside ``with target:``, after ``bind_params`` when the
+    pipeline gets ``params``) has exactly the tasks the pipeline tunes and applies, so tuning
+    it separately (``relax-tune tune``) fills the database the pipeline then uses. The two
+    flags mean what they mean in ``relax_tune_pipeline``."""
     return [
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
+        *([relax.transform.LiftTransformParams()] if lift_transform_params else []),
         *_backend(target).library_dispatch_passes(target),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
+        *([relax.transform.AttachAttrLayoutFreeBuffers()] if cpu_weight_prepack else []),
     ]
+
+
+def bind_params(mod: tvm.IRModule, params: dict) -> tvm.IRModule:
+    """Bind ``params`` (``{parameter name: numpy array or tvm Tensor}``) as constants into
+    every Relax function that has parameters of those names; the functions lose those
+    parameters. A name that no Relax function has raises ``RelaxTuneError``."""
+    if not isinstance(params, dict):
+        raise RelaxTuneError(
+            f"params must be a dict {{parameter name: array}}, not {type(params).__name__}; "
+            "for export_tvm's list write {name: array for name, array in ...}")
+    names: set[str] = set()
+    out = mod
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        mine = {p.name: params[p.name] for p in func.params if p.name in params}
+        names.update(mine)
+        if mine:
+            out = relax.transform.BindParams(gv.name_hint, {
+                k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(v)
+                for k, v in mine.items()})(out)
+    unknown = sorted(set(params) - names)
+    if unknown:
+        raise RelaxTuneError(f"params {unknown} match no parameter of the module's Relax "
+                             "functions; pass the names export_tvm returned")
+    return out
+
+
+def _has_num_input(mod: tvm.IRModule) -> bool:
+    return any(isinstance(f, relax.Function) and f.attrs is not None and "num_input" in f.attrs
+               for _, f in mod.functions.items())
+
+
+def _without_transform_params(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` minus the lifted ``*_transform_params`` functions: their kernels run once per
+    weight set, not per call, so they are not worth tuning trials."""
+    return tvm.IRModule({gv: f for gv, f in mod.functions.items()
+                         if not gv.name_hint.endswith("_transform_params")})
+
+
+def _gpu_default_schedule() -> tvm.transform.Pass:
+    from tvm.s_tir import dlight as dl  # imported here: only GPU targets need it
+
+    return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                   dl.gpu.GeneralReduction(), dl.gpu.Fallback())
 
 
 def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
                         max_trials_global: int = 64, max_trials_per_task: int | None = None,
                         op_names: Sequence[str] | None = None, params: dict | None = None,
+                        lift_transform_params: bool = False, cpu_weight_prepack: bool = False,
                         **tune_kwargs) -> tvm.transform.Pass:
-    """The "relax_tune" pipeline: lower, tune, apply the database, finish the build pipeline.
+    """The "relax_tune" pipeline: prepare the weights, lower, tune, apply the database,
+    finish the build pipeline. Use it as the ``relax_pipeline`` of ``tvm.compile``::
 
-    Use as ``tvm.compile(mod, target, relax_pipeline=relax.get_pipeline("relax_tune",
-    target=target, work_dir=..., max_trials_global=...))``. With ``max_trials_global=0`` it
-    only applies the records already in work_dir.
+        ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+            "relax_tune", target=target, work_dir="work", max_trials_global=64,
+            params={name: array, ...}))
+        vm = relax.VirtualMachine(ex, tvm.cpu()); out = vm["forward"](x)
+
+    Weights, three ways:
+
+    - ``params={name: array}`` (fastest): the arrays are bound as constants, and everything
+      that depends only on them (weight transposes, reshapes, layout rewrites) is computed
+      once at compile time. The compiled functions take only the remaining inputs. Changing
+      the weights means compiling again.
+    - ``lift_transform_params=True`` (weights stay runtime inputs, swappable without
+      recompiling): TVM's ``LiftTransformParams`` moves the weight-only computations of every
+      function with a ``num_input`` attribute (``export_tvm`` sets it) into
+      ``<func>_transform_params``. Call it once per weight set, then pass its outputs::
+
+          w = vm["forward_transform_params"]([tvm.runtime.tensor(a) for a in weights])
+          out = vm["forward"](x, *w)
+
+      Those lifted kernels run once, so they get no tuning trials.
+    - neither (default): the module's signature is unchanged and weight transposes run on
+      every call, as in TVM's static_shape_tuning pipeline.
+
+    ``cpu_weight_prepack=True`` marks weights as layout-free buffers before tuning (TVM's
+    ``AttachAttrLayoutFreeBuffers``), so schedules may rewrite a weight's layout; after the
+    database is applied, ``SplitLayoutRewritePreproc`` moves every block annotated
+    ``meta_schedule.layout_rewrite_preproc`` out of the kernel, and it is folded at compile
+    time (``params``) or lifted into ``<func>_transform_params``. It needs ``params`` or
+    ``lift_transform_params`` (then lifting happens after tuning, as in TVM's
+    static_shape_tuning pipeline, so weight-only kernels get tuned too). Records tuned with
+    and without it are separate workloads. relax_tune's CPU space does not rewrite weight
+    layouts yet, so today the flag only marks the buffers and runs the split (a no-op).
+
+    GPU targets (``cuda``): functions without a tuning record get ``tvm.s_tir.dlight``'s
+    default schedules (Matmul, GEMV, Reduction, GeneralReduction, Fallback), so the compiled
+    model always runs. With ``max_trials_global=0`` the pipeline only applies the records
+    already in ``work_dir``. ``tune_kwargs`` go to ``relax_tune.tune.tune_tasks``.
     """
+    if cpu_weight_prepack and params is None and not lift_transform_params:
+        raise RelaxTuneError("cpu_weight_prepack=True needs params={...} (prepack at compile "
+                             "time) or lift_transform_params=True (prepack in "
+                             "<func>_transform_params)")
 
     @tvm.transform.module_pass(opt_level=0, name="relax_tune.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = parse_target(target)
         backend = _backend(tgt)
-        tune = ([TuneIRMod(params=params, work_dir=work_dir, max_trials_global=max_trials_global,
-                           max_trials_per_task=max_trials_per_task, op_names=op_names,
-                           **tune_kwargs)]
-                if max_trials_global > 0 else [])
+        if params:
+            mod = bind_params(mod, params)
+        lift = lift_transform_params and _has_num_input(mod)
+        if lift_transform_params and not lift:
+            raise RelaxTuneError("lift_transform_params=True needs Relax functions with a "
+                                 "'num_input' attribute (export_tvm sets it); add "
+                                 "func.with_attr('num_input', n) for n runtime inputs")
         with tgt:
+            # With prepacking, lift once after the layout rewrites are split out (TVM's
+            # order): lifting twice would clash on the <func>_transform_params name.
+            mod = tvm.transform.Sequential(
+                lowering_passes(tgt, lift and not cpu_weight_prepack, cpu_weight_prepack))(mod)
+            if max_trials_global > 0:
+                TuneIRMod(work_dir=work_dir, max_trials_global=max_trials_global,
+                          max_trials_per_task=max_trials_per_task, op_names=op_names,
+                          **tune_kwargs)(_without_transform_params(mod))
+            post = [ApplyDatabase(work_dir=work_dir)]
+            if cpu_weight_prepack:
+                post += [relax.transform.SplitLayoutRewritePreproc(),
+                         *([relax.transform.LiftTransformParams()] if lift else []),
+                         relax.transform.FoldConstant()]
+            if tgt.kind.name == "cuda":
+                post.append(_gpu_default_schedule())
             return tvm.transform.Sequential([
-                *lowering_passes(tgt),
-                *tune,
-                ApplyDatabase(work_dir=work_dir),
+                *post,
                 *backend.dataflow_lower_passes(tgt),
                 *backend.finalize_passes(tgt),
             ])(mod)

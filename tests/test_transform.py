@@ -88,7 +88,9 @@ def test_apply_database_replaces_exactly_the_recorded_functions(tuned, demo, tar
     with target:
         out = apply(lowered)
     tvm.ir.assert_structural_equal(lowered, copy)  # input not mutated
-    assert sorted(apply.applied) == ["fused_matmul_add_relu", "matmul1"]
+    # recorded functions are replaced, or kept when their untuned baseline won
+    assert sorted(apply.applied + apply.kept) == ["fused_matmul_add_relu", "matmul1"]
+    assert "fused_matmul_add_relu" in apply.applied  # 1x784x256: tuning always wins here
     for gv, func in out.functions.items():
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
