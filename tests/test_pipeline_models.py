@@ -1,0 +1,126 @@
+"""The "relax_tune" pipeline on whole models: bound weights, lifted weights, GPU fallback."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+import relax_tune as rt
+from relax_tune.models import MODELS, get_model, model_inputs, split_inputs
+
+SMALL = {"num_trials_per_iter": 2}
+TRIALS = 6
+
+
+def _untuned(mod, target, arrays):
+    """The model compiled by TVM's default pipeline, every weight an input."""
+    vm = relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu())
+    return vm["forward"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+
+@pytest.fixture(scope="module")
+def work_dirs(tmp_path_factory):
+    """One work_dir per model, shared by the tests of this module (tuned once, then reused)."""
+    return {name: str(tmp_path_factory.mktemp(name)) for name in MODELS}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_bound_params_tuned_model_equals_untuned(name, target, work_dirs):
+    mod, _ = get_model(name)
+    arrays = model_inputs(mod)
+    inputs, weights = split_inputs(mod, arrays)
+    pipe = relax.get_pipeline("relax_tune", target=target, work_dir=work_dirs[name],
+                              max_trials_global=TRIALS, params=weights, **SMALL)
+    ex = tvm.compile(mod, target, relax_pipeline=pipe)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+    np.testing.assert_allclose(got, _untuned(mod, target, arrays), rtol=1e-4, atol=1e-4)
+    recorded = {r.workload.shash
+                for r in rt.JSONDatabase(work_dir=work_dirs[name]).get_all_tuning_records()}
+    with target:
+        bound = tvm.transform.Sequential(rt.transform.lowering_passes(target))(
+            rt.transform.bind_params(mod, weights))
+        unbound = tvm.transform.Sequential(rt.transform.lowering_passes(target))(mod)
+    # the tuned tasks are the bound model's; weight-only kernels (transposes) were folded
+    assert recorded == {t.shash for t in rt.extract_tasks(bound, target)}
+    weight_only = {t.shash for t in rt.extract_tasks(unbound, target)} - recorded
+    assert any(t.task_name.startswith("transpose") and t.shash in weight_only
+               for t in rt.extract_tasks(unbound, target))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_lifted_weights_are_swappable_without_recompiling(name, target, work_dirs):
+    mod, _ = get_model(name)
+    arrays = model_inputs(mod, seed=1)
+    inputs, weights = split_inputs(mod, arrays)
+    pipe = relax.get_pipeline("relax_tune", target=target, work_dir=work_dirs[name],
+                              max_trials_global=0, lift_transform_params=True)
+    vm = relax.VirtualMachine(tvm.compile(mod, target, relax_pipeline=pipe), tvm.cpu())
+    for seed in (1, 2):  # the second weight set goes through the same executable
+        arrays = model_inputs(mod, seed=seed)
+        inputs, weights = split_inputs(mod, arrays)
+        packed = vm["forward_transform_params"]([tvm.runtime.tensor(w)
+                                                 for w in weights.values()])
+        got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs], *packed).numpy()
+        np.testing.assert_allclose(got, _untuned(mod, target, arrays), rtol=1e-4, atol=1e-4)
+
+
+def test_tune_irmod_with_params_tunes_no_weight_transposes(demo, target, tmp_path):
+    lowered, params = demo
+    mod, _ = get_model("mlp")
+    _, weights = split_inputs(mod, model_inputs(mod))
+    tune = rt.TuneIRMod(params=weights, work_dir=str(tmp_path), max_trials_global=4, **SMALL)
+    with target:
+        out = tune(lowered)
+    tvm.ir.assert_structural_equal(out, lowered)
+    assert sorted(r.task_name for r in tune.reports) == ["fused_matmul_add_relu", "matmul1"]
+    without = rt.extract_tasks(lowered, target)
+    assert {t.task_name for t in without} > {r.task_name for r in tune.reports}
+
+
+def test_weight_prepack_flag_compiles_and_matches(target, work_dirs):
+    mod, _ = get_model("mlp")
+    arrays = model_inputs(mod)
+    inputs, weights = split_inputs(mod, arrays)
+    pipe = relax.get_pipeline("relax_tune", target=target, work_dir=work_dirs["mlp"],
+                              max_trials_global=0, params=weights, cpu_weight_prepack=True)
+    with target:
+        lowered = tvm.transform.Sequential(rt.transform.lowering_passes(
+            target, cpu_weight_prepack=True))(rt.transform.bind_params(mod, weights))
+    marked = [f for _, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)
+              and f.attrs is not None and "layout_free_buffers" in f.attrs]
+    assert marked  # the matmuls' weight operands are marked layout-free
+    vm = relax.VirtualMachine(tvm.compile(mod, target, relax_pipeline=pipe), tvm.cpu())
+    got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+    np.testing.assert_allclose(got, _untuned(mod, target, arrays), rtol=1e-4, atol=1e-4)
+
+
+def test_parameter_errors_are_clear(target, tmp_path):
+    mod, _ = get_model("mlp")
+    with pytest.raises(rt.RelaxTuneError, match="fc3.weight"):
+        tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+            "relax_tune", target=target, work_dir=str(tmp_path), max_trials_global=0,
+            params={"fc3.weight": np.zeros((2, 2), "float32")}))
+    with pytest.raises(rt.RelaxTuneError, match="cpu_weight_prepack"):
+        relax.get_pipeline("relax_tune", target=target, work_dir=str(tmp_path),
+                           cpu_weight_prepack=True)
+    bare = tvm.IRModule({"forward": mod["forward"].without_attr("num_input")})
+    with pytest.raises(rt.RelaxTuneError, match="num_input"):
+        tvm.compile(bare, target, relax_pipeline=relax.get_pipeline(
+            "relax_tune", target=target, work_dir=str(tmp_path), max_trials_global=0,
+            lift_transform_params=True))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_cuda_functions_without_records_get_dlight_schedules(name, target, tmp_path):
+    """Compiles for CUDA without a GPU: every kernel must have a thread binding to build."""
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host=target)
+    mod, _ = get_model(name)
+    _, weights = split_inputs(mod, model_inputs(mod))
+    pipe = relax.get_pipeline("relax_tune", target=cuda, work_dir=str(tmp_path),
+                              max_trials_global=0, params=weights)
+    with cuda:
+        out = pipe(mod)
+    prims = [f for _, f in out.functions.items() if isinstance(f, tirx.PrimFunc)]
+    assert prims and all(f.attrs["tirx.is_scheduled"] for f in prims)
+    assert tvm.compile(mod, cuda, relax_pipeline=pipe) is not None
