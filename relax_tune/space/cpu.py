@@ -10,16 +10,22 @@ from .multi_level_tiling import LimitRegisterTile, MultiLevelTiling
 from .parallel_vectorize_unroll import ParallelVectorizeUnroll, RewriteParallelVectorizeUnroll
 from .params import TargetParams
 from .postproc import RewriteReductionBlock
+from .compute_location import RandomComputeLocation
+from .rfactor import AddRFactor
 from .rule import Postproc, ScheduleRule
 
 
 def cpu_rules(params: TargetParams) -> list[ScheduleRule]:
-    """The CPU schedule rules, in application order: inline elementwise producers, tile
-    reductions (with a write cache or fused epilogue), then parallel/vectorise/unroll."""
+    """The CPU schedule rules, in application order: inline elementwise producers, rfactor
+    reductions with too little spatial work, tile reductions with data reuse (with a write
+    cache or fused epilogue), parallel/vectorise/unroll, then a sampled compute location
+    for the blocks nothing else placed."""
     return [
         AutoInline(into_consumer=True, into_producer=False),
+        AddRFactor(params),
         MultiLevelTiling(params, structure="SSRSRS", write_levels=(1, 2)),
         ParallelVectorizeUnroll(params),
+        RandomComputeLocation(),
     ]
 
 

@@ -24,8 +24,9 @@ logger = logging.getLogger("relax_tune.space")
 
 
 class ParallelVectorizeUnroll(ScheduleRule):
-    """On the root block: annotate the parallel budget (cores x jobs per core), the vector
-    budget (bytes) and, when the function has a reduction, a ``sample_categorical`` over
+    """On the root block: annotate the parallel budget (cores x jobs per core, sampled with
+    ``sample_categorical`` among ``jobs_per_core_choices``), the vector budget (bytes) and,
+    when the function has a reduction, a ``sample_categorical`` over
     ``unroll_max_steps`` (uniform). Other blocks are left alone."""
 
     name = "parallel_vectorize_unroll"
@@ -42,7 +43,12 @@ class ParallelVectorizeUnroll(ScheduleRule):
         if not A.is_root(sch, block):
             return [sch]
         if self.parallel and self.params.max_parallel_extent > 1:
-            sch.annotate(block, ANN_PARALLEL, int(self.params.max_parallel_extent))
+            choices = self.params.parallel_extent_choices
+            if len(choices) > 1:
+                budget = sch.sample_categorical(choices, [1.0 / len(choices)] * len(choices))
+                sch.annotate(block, ANN_PARALLEL, budget)
+            else:
+                sch.annotate(block, ANN_PARALLEL, int(choices[0]))
         if self.vectorize and self.params.max_vectorize_bytes > 1:
             sch.annotate(block, ANN_VECTORIZE, int(self.params.max_vectorize_bytes))
         steps = [int(s) for s in self.params.unroll_max_steps]

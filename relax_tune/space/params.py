@@ -44,6 +44,8 @@ class TargetParams:
         num_cores: cores a kernel may run on in parallel.
         vector_registers: SIMD registers of the ISA (bounds useful register tiles).
         max_jobs_per_core: parallel jobs per core the parallel postprocessor aims for.
+        jobs_per_core_choices: when several, the parallel budget is sampled among
+            ``num_cores x`` each of them (a ``sample_categorical``).
         max_vector_registers_per_loop: the widest vectorised loop, in SIMD registers.
         unroll_max_steps: candidates for ``pragma_auto_unroll_max_step``.
         max_innermost_spatial: largest innermost tile of a non-vectorised spatial axis.
@@ -57,6 +59,7 @@ class TargetParams:
     num_cores: int = 1
     vector_registers: int = 16
     max_jobs_per_core: int = 16
+    jobs_per_core_choices: tuple[int, ...] = (4, 16, 64)
     max_vector_registers_per_loop: int = 4
     unroll_max_steps: tuple[int, ...] = (0, 16, 64, 512)
     max_innermost_spatial: int = 8
@@ -67,6 +70,12 @@ class TargetParams:
     def max_parallel_extent(self) -> int:
         """Target number of parallel jobs (cores x jobs per core)."""
         return self.num_cores * self.max_jobs_per_core
+
+    @property
+    def parallel_extent_choices(self) -> list[int]:
+        """The parallel budgets to sample from (distinct, ascending; never empty)."""
+        choices = sorted({self.num_cores * max(1, int(c)) for c in self.jobs_per_core_choices})
+        return choices or [self.max_parallel_extent]
 
     @property
     def max_vectorize_bytes(self) -> int:

@@ -1,0 +1,239 @@
+"""The correctness zoo: for every common operator, sampled candidates of the CPU design space
+build and compute what numpy computes (float32, rtol 1e-4). A candidate that fails to build
+or run is a failure here, never a skip."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import te, tirx, topi
+
+from relax_tune.search import ReplaySearch
+from relax_tune.space import check_schedule
+from relax_tune.utils import normalize_mod, schedule_from_json
+
+N_CANDIDATES = 16
+
+Zoo = tuple[tvm.IRModule, Callable[..., np.ndarray]]
+
+
+def _mod(*tensors) -> tvm.IRModule:
+    return normalize_mod(te.create_prim_func(list(tensors)))
+
+
+def _ph(shape, name):
+    return te.placeholder(shape, "float32", name=name)
+
+
+# ---------------------------------------------------------------------------------------
+# Workloads (small shapes) and their numpy references
+
+
+def matmul_square() -> Zoo:
+    a, b = _ph((64, 64), "A"), _ph((64, 64), "B")
+    return _mod(a, b, topi.matmul(a, b)), lambda x, y: x @ y
+
+
+def matmul_skinny() -> Zoo:
+    a, b = _ph((1, 784), "A"), _ph((784, 256), "B")
+    return _mod(a, b, topi.matmul(a, b)), lambda x, y: x @ y
+
+
+def dense() -> Zoo:
+    x, w = _ph((16, 64), "X"), _ph((32, 64), "W")
+    return _mod(x, w, topi.nn.dense(x, w)), lambda u, v: u @ v.T
+
+
+def batch_matmul() -> Zoo:
+    a, b = _ph((2, 16, 32), "A"), _ph((2, 24, 32), "B")
+    return _mod(a, b, topi.nn.batch_matmul(a, b)), lambda x, y: x @ y.transpose(0, 2, 1)
+
+
+def _conv_ref_nchw(x, w, pad):
+    kh, kw = w.shape[2:]
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
+    return np.einsum("ncyxij,fcij->nfyx", win, w)
+
+
+def conv2d_nchw() -> Zoo:
+    x, w = _ph((1, 8, 14, 14), "X"), _ph((16, 8, 3, 3), "W")
+    return _mod(x, w, topi.nn.conv2d_nchw(x, w, 1, 1, 1)), lambda u, v: _conv_ref_nchw(u, v, 1)
+
+
+def conv2d_nhwc() -> Zoo:
+    x, w = _ph((1, 14, 14, 8), "X"), _ph((3, 3, 8, 16), "W")
+
+    def ref(u, v):
+        out = _conv_ref_nchw(u.transpose(0, 3, 1, 2), v.transpose(3, 2, 0, 1), 1)
+        return out.transpose(0, 2, 3, 1)
+
+    return _mod(x, w, topi.nn.conv2d_nhwc(x, w, 1, 1, 1)), ref
+
+
+def depthwise_conv2d() -> Zoo:
+    x, w = _ph((1, 8, 14, 14), "X"), _ph((8, 1, 3, 3), "W")
+
+    def ref(u, v):
+        xp = np.pad(u, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))
+        return np.einsum("ncyxij,cij->ncyx", win, v[:, 0])
+
+    return _mod(x, w, topi.nn.depthwise_conv2d_nchw(x, w, 1, 1, 1)), ref
+
+
+def conv2d_bias_relu() -> Zoo:
+    x, w, b = _ph((1, 8, 14, 14), "X"), _ph((16, 8, 3, 3), "W"), _ph((1, 16, 1, 1), "Bias")
+    y = topi.nn.relu(topi.add(topi.nn.conv2d_nchw(x, w, 1, 1, 1), b))
+    return _mod(x, w, b, y), lambda u, v, c: np.maximum(_conv_ref_nchw(u, v, 1) + c, 0)
+
+
+def max_pool2d() -> Zoo:
+    x = _ph((1, 8, 14, 14), "X")
+    y = topi.nn.pool2d(x, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "max", layout="NCHW")
+
+    def ref(u):
+        xp = np.pad(u, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+        win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))[:, :, ::2, ::2]
+        return win.max(axis=(-2, -1))
+
+    return _mod(x, y), ref
+
+
+def avg_pool2d() -> Zoo:
+    x = _ph((1, 8, 14, 14), "X")
+    y = topi.nn.pool2d(x, (2, 2), (2, 2), (1, 1), (0, 0, 0, 0), "avg", layout="NCHW")
+
+    def ref(u):
+        win = np.lib.stride_tricks.sliding_window_view(u, (2, 2), axis=(2, 3))[:, :, ::2, ::2]
+        return win.mean(axis=(-2, -1))
+
+    return _mod(x, y), ref
+
+
+def softmax() -> Zoo:
+    x = _ph((16, 64), "X")
+
+    def ref(u):
+        e = np.exp(u - u.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    return _mod(x, topi.nn.softmax(x, axis=-1)), ref
+
+
+def layer_norm() -> Zoo:
+    x, g, b = _ph((16, 64), "X"), _ph((64,), "G"), _ph((64,), "Bt")
+    y = topi.nn.layer_norm(x, g, b, axis=[1], epsilon=1e-5)
+
+    def ref(u, gv, bv):
+        mu, var = u.mean(-1, keepdims=True), u.var(-1, keepdims=True)
+        return (u - mu) / np.sqrt(var + 1e-5) * gv + bv
+
+    return _mod(x, g, b, y), ref
+
+
+def row_sum() -> Zoo:
+    x = _ph((32, 256), "X")
+    return _mod(x, topi.sum(x, axis=1)), lambda u: u.sum(axis=1)
+
+
+def full_sum() -> Zoo:
+    x = _ph((64, 128), "X")
+    return _mod(x, topi.sum(x, axis=(0, 1), keepdims=True)), lambda u: u.sum(keepdims=True)
+
+
+def col_max() -> Zoo:
+    x = _ph((128, 24), "X")
+    return _mod(x, topi.max(x, axis=0)), lambda u: u.max(axis=0)
+
+
+def elementwise_chain() -> Zoo:
+    x, y = _ph((32, 48), "X"), _ph((32, 48), "Y")
+    a = te.compute((32, 48), lambda i, j: x[i, j] + y[i, j], name="add")
+    b = te.compute((32, 48), lambda i, j: a[i, j] * 2.0, name="mul")
+    c = te.compute((32, 48), lambda i, j: te.max(b[i, j], 0.0), name="relu")
+    d = te.compute((32, 48), lambda i, j: te.sigmoid(c[i, j]), name="sigmoid")
+    return _mod(x, y, d), lambda u, v: 1 / (1 + np.exp(-np.maximum((u + v) * 2, 0)))
+
+
+def transpose() -> Zoo:
+    x = _ph((48, 64), "X")
+    return _mod(x, topi.transpose(x, (1, 0))), lambda u: u.T
+
+
+def concatenate() -> Zoo:
+    a, b = _ph((16, 24), "A"), _ph((16, 40), "B")
+    return _mod(a, b, topi.concatenate([a, b], axis=1)), lambda u, v: np.concatenate([u, v], 1)
+
+
+ZOO: dict[str, Callable[[], Zoo]] = {f.__name__: f for f in (
+    matmul_square, matmul_skinny, dense, batch_matmul, conv2d_nchw, conv2d_nhwc,
+    depthwise_conv2d, conv2d_bias_relu, max_pool2d, avg_pool2d, softmax, layer_norm, row_sum,
+    full_sum, col_max, elementwise_chain, transpose, concatenate)}
+
+SMALL_SPACES = {"elementwise_chain", "transpose", "concatenate"}
+"""Spatial-only workloads: their spaces (sampled parallel job counts) hold fewer than
+N_CANDIDATES distinct programs, and every one of them is checked."""
+
+
+# ---------------------------------------------------------------------------------------
+# Checking
+
+
+def _inputs(mod: tvm.IRModule, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    params = list(mod["main"].params)
+    ins = [rng.uniform(-1, 1, [int(d) for d in p.shape]).astype(str(p.dtype))
+           for p in params[:-1]]
+    out = params[-1]
+    return ins, ([int(d) for d in out.shape], str(out.dtype))
+
+
+def _run(mod: tvm.IRModule, target, ins, out_spec) -> np.ndarray:
+    lib = tvm.compile(mod, target)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in ins]
+    args.append(tvm.runtime.empty(out_spec[0], out_spec[1], dev))
+    lib.mod["main"](*args)
+    return args[-1].numpy()
+
+
+def check_zoo(mod: tvm.IRModule, ref, target, name: str) -> int:
+    """Draw up to N_CANDIDATES distinct candidates; every one must replay from JSON, pass
+    the checks, build and match numpy. Returns how many were checked."""
+    ins, out_spec = _inputs(mod)
+    expected = ref(*ins)
+    search = ReplaySearch(mod, target, seed=abs(hash(name)) % 1000 + 1)
+    cands = search.next_candidates(N_CANDIDATES)
+    for cand in cands:
+        again = schedule_from_json(mod, cand.trace_json)
+        assert tvm_ffi.structural_equal(again.mod, cand.sch.mod)
+        assert check_schedule(cand.sch, target) is None
+        got = _run(cand.sch.mod, target, ins, out_spec)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{name}:\n{cand.sch.trace}")
+    return len(cands)
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_candidates_match_numpy(name, target):
+    mod, ref = ZOO[name]()
+    checked = check_zoo(mod, ref, target, name)
+    if name in SMALL_SPACES:
+        assert checked >= 2, "a spatial workload's space should offer a choice"
+    else:
+        assert checked == N_CANDIDATES
+
+
+def test_relax_fused_matmul_add_relu(target, demo):
+    """The Relax-lowered ``fused_matmul_add_relu`` of the demo MLP (zero pipeline)."""
+    lowered, _ = demo
+    funcs = {gv.name_hint: f for gv, f in lowered.functions.items()
+             if isinstance(f, tirx.PrimFunc)}
+    mod = normalize_mod(funcs["fused_matmul_add_relu"])
+    assert check_zoo(mod, lambda x, w, b: np.maximum(x @ w + b, 0), target,
+                     "fused_matmul_add_relu") == N_CANDIDATES
