@@ -1,20 +1,272 @@
-"""The ``relax-tune`` command line."""
+"""The ``relax-tune`` command line: tune, compile, db show|merge|prune|export, report, demo."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
+import os
 import sys
+import time
+from typing import Any
 
-from .utils import RelaxTuneError, host_target
+from .utils import RelaxTuneError, host_target, parse_target
+
+logger = logging.getLogger("relax_tune.cli")
+
+_MODEL_HELP = ("an ONNX file (model.onnx; needs the onnx extra) or file.py:function / "
+               "package.module:function returning a Relax IRModule or (IRModule, params)")
+_TARGET_HELP = ("TVM target as a string or JSON dict, e.g. "
+                "'{\"kind\": \"llvm\", \"mcpu\": \"znver3\", \"num-cores\": 2}' "
+                "(default: this machine's CPU)")
 
 
 def _target_arg(text: str | None):
+    """The ``--target`` value: this machine's CPU when absent, a JSON dict, or a string."""
     if text is None:
         return host_target()
     text = text.strip()
-    return json.loads(text) if text.startswith("{") else text
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise RelaxTuneError(f"--target {text!r} is not valid JSON ({err.msg}); write e.g. "
+                                 "'{\"kind\": \"llvm\", \"num-cores\": 2}'") from None
+    return text
+
+
+def _split_names(values: list[str] | None) -> list[str] | None:
+    """``--op-names matmul,add conv`` -> ``["matmul", "add", "conv"]``."""
+    if not values:
+        return None
+    return [name for value in values for name in value.split(",") if name]
+
+
+def parse_rpc(text: str) -> tuple[str, int, str]:
+    """``host:port:key`` -> ``(host, port, key)``; RelaxTuneError saying the form otherwise."""
+    parts = text.rsplit(":", 2)
+    if len(parts) != 3 or not all(parts):
+        raise RelaxTuneError(f"--rpc {text!r}: write TRACKER_HOST:TRACKER_PORT:DEVICE_KEY, "
+                             "e.g. 127.0.0.1:9190:rasp4")
+    host, port, key = parts
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise RelaxTuneError(f"--rpc {text!r}: the tracker port {port!r} is not a number") \
+            from None
+    return host, port_number, key
+
+
+def make_rpc_runner(text: str) -> Any:
+    """An RPC runner for ``--rpc host:port:key`` (``relax_tune.measure.RPCRunner``)."""
+    host, port, key = parse_rpc(text)
+    try:
+        from .measure import RPCRunner
+    except ImportError:
+        raise RelaxTuneError("--rpc needs relax_tune.measure.RPCRunner, which this relax_tune "
+                             "does not have yet; measure locally (drop --rpc) or update "
+                             "relax_tune") from None
+    return RPCRunner(tracker_host=host, tracker_port=port, device_key=key)
+
+
+def _tune_kwargs(args: argparse.Namespace) -> dict:
+    """The optional tune_tasks arguments the user set, checked against what tune_tasks takes."""
+    from .tune import tune_tasks
+
+    wanted = {"max_time": args.max_time, "task_scheduler": args.scheduler,
+              "num_trials_per_iter": args.trials_per_iter, "strategy": args.strategy,
+              "seed": args.seed}
+    accepted = inspect.signature(tune_tasks).parameters
+    out = {}
+    for name, value in wanted.items():
+        if value is None:
+            continue
+        if name not in accepted:
+            raise RelaxTuneError(f"--{name.replace('_', '-')} is not supported by this "
+                                 "relax_tune's tuner yet; leave it out")
+        out[name] = value
+    return out
+
+
+# ---------------------------------------------------------------------------- tune
+def _task_table(reports: list) -> str:
+    try:  # the tuner's own tuning table, where this relax_tune has one
+        from .progress import format_tuning_table
+    except ImportError:
+        from .demo import format_task_table as format_tuning_table
+    return format_tuning_table(reports)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from .extract import extract_tasks
+    from .model_loader import load_model, parse_shape_dict
+    from .report import write_task_meta
+    from .tune import tune_tasks
+
+    if args.trials < 0:
+        raise RelaxTuneError(f"--trials must be >= 0, not {args.trials}")
+    target = parse_target(_target_arg(args.target))
+    model = load_model(args.model, parse_shape_dict(args.input_shape))
+    tasks = extract_tasks(model.lowered(target), target, op_names=_split_names(args.op_names))
+    if not tasks:
+        print("relax-tune: nothing to tune (no static-shape TIR function in the model)")
+        return 0
+    kwargs = _tune_kwargs(args)
+    write_task_meta(args.work_dir, tasks)
+    print(f"relax-tune: {len(tasks)} tasks of {args.model} on {target.kind.name} "
+          f"({', '.join(t.task_name for t in tasks)}); {args.trials} trials, "
+          f"work dir {args.work_dir}", flush=True)
+    runner = make_rpc_runner(args.rpc) if args.rpc else None
+    start = time.perf_counter()
+    try:
+        reports = tune_tasks(tasks, args.work_dir, max_trials_global=args.trials,
+                             max_trials_per_task=args.trials_per_task,
+                             **({"runner": runner} if runner is not None else {}), **kwargs)
+    except KeyboardInterrupt:
+        print(f"\nrelax-tune: interrupted; every measured trial is kept in {args.work_dir}: "
+              "run the same command again to resume", file=sys.stderr)
+        return 130
+    finally:
+        if runner is not None and hasattr(runner, "shutdown"):
+            runner.shutdown()
+    wall = time.perf_counter() - start
+    print(_task_table(reports))
+    new = sum(r.new_trials for r in reports)
+    total = sum(r.applied_secs * r.weight for r in reports if r.applied_secs)
+    untuned = sum(r.baseline_secs * r.weight for r in reports if r.baseline_secs)
+    print(f"{new} new trials in {wall:.1f} s; estimated end-to-end {total * 1e6:.1f} us"
+          + (f" (untuned {untuned * 1e6:.1f} us, {untuned / total:.2f}x)"
+             if untuned and total else ""))
+    print(f"next: relax-tune compile {args.model} --work-dir {args.work_dir} -o model.so; "
+          f"relax-tune report {args.work_dir}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- compile
+def _compile(args: argparse.Namespace) -> int:
+    import tvm
+    from tvm import relax
+
+    from .extract import extract_tasks
+    from .model_loader import load_model, parse_shape_dict
+    from .report import open_work_dir
+
+    target = parse_target(_target_arg(args.target))
+    db = open_work_dir(args.work_dir)
+    model = load_model(args.model, parse_shape_dict(args.input_shape))
+    tasks = extract_tasks(model.lowered(target), target)
+    best = [db.query_tuning_record(t.mod, target) for t in tasks]
+    tuned = sum(1 for rec in best if rec is not None and rec.trace_json and rec.trace_json[0])
+    pipeline = relax.get_pipeline("relax_tune", target=target, work_dir=args.work_dir,
+                                  max_trials_global=0)
+    ex = tvm.compile(model.bound(), target, relax_pipeline=pipeline)
+    out = os.path.abspath(args.output)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    ex.export_library(out)
+    print(f"relax-tune: wrote {args.output}; tuned schedules for {tuned} of {len(tasks)} "
+          "tasks, the others keep their untuned code (no record, or none faster)")
+    return 0
+
+
+# ---------------------------------------------------------------------------- db
+def _db_target(args: argparse.Namespace) -> dict | None:
+    if getattr(args, "target", None) is None:
+        return None
+    return json.loads(str(parse_target(_target_arg(args.target))))
+
+
+def _db_show(args: argparse.Namespace) -> int:
+    from .report import format_table, open_work_dir, read_task_meta, summarize
+
+    db = open_work_dir(args.work_dir)
+    summaries = summarize(db, read_task_meta(args.work_dir), _db_target(args))
+    print(f"{args.work_dir}: {len(summaries)} workloads, {len(db)} records")
+    print(format_table(summaries))
+    return 0
+
+
+def _db_merge(args: argparse.Namespace) -> int:
+    from .database import JSONDatabase
+    from .db_tools import merge_databases
+    from .report import open_work_dir, read_task_meta, write_task_meta
+
+    sources = [open_work_dir(d) for d in args.sources]
+    dest = JSONDatabase(work_dir=args.output)
+    added = merge_databases(sources, dest)
+    _merge_meta(args.sources, args.output, read_task_meta, write_task_meta)
+    print(f"relax-tune: merged {len(args.sources)} databases into {args.output}: {added} "
+          f"records added, {len(dest)} in all")
+    return 0
+
+
+def _merge_meta(sources, output, read_meta, write_meta) -> None:
+    """Carry tasks.json (task names and weights) over to a merged or pruned work_dir."""
+    from types import SimpleNamespace
+
+    meta: dict[int, dict] = {}
+    for src in sources:
+        meta.update(read_meta(src))
+    if meta:
+        write_meta(output, [SimpleNamespace(shash=k, task_name=v.get("name", ""),
+                                            weight=v.get("weight", 1),
+                                            func_names=v.get("func_names", []))
+                            for k, v in meta.items()])
+
+
+def _db_prune(args: argparse.Namespace) -> int:
+    from .database import JSONDatabase
+    from .db_tools import prune_database
+    from .report import open_work_dir, read_task_meta, write_task_meta
+
+    if os.path.abspath(args.output) == os.path.abspath(args.work_dir):
+        raise RelaxTuneError("prune writes a new work_dir: give -o a directory other than "
+                             f"{args.work_dir!r} (the source is never modified)")
+    source = open_work_dir(args.work_dir)
+    dest = JSONDatabase(work_dir=args.output)
+    if len(dest):
+        raise RelaxTuneError(f"{args.output!r} already holds {len(dest)} records: prune into "
+                             "an empty or new directory")
+    written = prune_database(source, dest, top_k=args.top_k,
+                             keep_baseline=not args.drop_baseline)
+    _merge_meta([args.work_dir], args.output, read_task_meta, write_task_meta)
+    print(f"relax-tune: kept {written} of {len(source)} records (top {args.top_k} per "
+          f"workload{'' if args.drop_baseline else ' + untuned baseline'}) in {args.output}")
+    return 0
+
+
+def _db_export(args: argparse.Namespace) -> int:
+    from .db_tools import export_database
+    from .report import open_work_dir, read_task_meta
+
+    fmt = args.format or ("csv" if args.output.lower().endswith(".csv") else "json")
+    n = export_database(open_work_dir(args.work_dir), args.output, fmt,
+                        read_task_meta(args.work_dir))
+    what = "workloads (best schedule each)" if fmt == "json" else "records"
+    print(f"relax-tune: exported {n} {what} to {args.output}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- report, demo
+def _report(args: argparse.Namespace) -> int:
+    from .report import task_meta_from_tasks, write_report
+
+    meta = None
+    if args.model:
+        from .extract import extract_tasks
+        from .model_loader import load_model
+
+        target = parse_target(_target_arg(args.target))
+        meta = task_meta_from_tasks(extract_tasks(load_model(args.model).lowered(target),
+                                                  target))
+    files = write_report(args.work_dir, args.output, meta=meta, target=_db_target(args)
+                         if args.target and not args.model else None, html_too=args.html)
+    for path in files.summary + files.plots:
+        print(path)
+    if not files.plots:
+        print("relax-tune: no plots (pip install 'relax_tune[plot]' for matplotlib)",
+              file=sys.stderr)
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -25,12 +277,135 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if result["outputs_match"] else 1
 
 
+# ---------------------------------------------------------------------------- parser
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
+    p.add_argument("--target", default=None, help=_TARGET_HELP)
+    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="fix a symbolic input shape of an ONNX model (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``relax-tune`` (one sub-command per job)."""
+    fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog="relax-tune", description="Search-based auto-tuning for TVM Relax models.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every tuning round")
-    sub = parser.add_subparsers(dest="command", required=True)
+        prog="relax-tune", formatter_class=fmt,
+        description="Search-based auto-tuning for TVM Relax models.\n\n"
+                    "  relax-tune tune model.onnx --work-dir work --trials 256\n"
+                    "  relax-tune compile model.onnx --work-dir work -o model.so\n"
+                    "  relax-tune report work\n"
+                    "  relax-tune db show work")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log every tuning round to the terminal")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    tune = sub.add_parser(
+        "tune", help="tune a model's kernels and record them in a work dir",
+        formatter_class=fmt,
+        description="Extract the model's kernels (the TIR functions the relax_tune pipeline "
+                    "would compile), search schedules for them on the target and record every "
+                    "measurement in WORK_DIR's JSON database (MetaSchedule's layout).\n"
+                    "Running again with the same work dir resumes: recorded trials count "
+                    "against the budget and are never measured again. Ctrl-C stops with "
+                    "everything measured so far kept. Logs go to WORK_DIR/logs.")
+    _add_model_args(tune)
+    tune.add_argument("--work-dir", required=True, help="where the tuning database is kept")
+    tune.add_argument("--trials", type=int, required=True,
+                      help="trials shared by all tasks (max_trials_global)")
+    tune.add_argument("--trials-per-task", type=int, default=None,
+                      help="cap on one task's trials (default: --trials)")
+    tune.add_argument("--trials-per-iter", type=int, default=None,
+                      help="candidates measured per round of one task (default: 16)")
+    tune.add_argument("--op-names", nargs="+", default=None, metavar="NAME",
+                      help="tune only tasks whose name contains one of these strings "
+                           "(space- or comma-separated), e.g. --op-names matmul conv2d")
+    tune.add_argument("--max-time", type=float, default=None, metavar="SECONDS",
+                      help="wall-clock budget; tuning stops after it with all records kept")
+    tune.add_argument("--scheduler", choices=["gradient", "round-robin"], default=None,
+                      help="how trials are shared among tasks (default: the tuner's, gradient)")
+    tune.add_argument("--strategy", default=None,
+                      help="search strategy by name (default: the tuner's)")
+    tune.add_argument("--seed", type=int, default=None, help="random seed of the search")
+    tune.add_argument("--rpc", default=None, metavar="HOST:PORT:KEY",
+                      help="measure on a remote device through a TVM RPC tracker at HOST:PORT "
+                           "with device key KEY (give the device's --target)")
+    tune.set_defaults(func=_tune)
+
+    comp = sub.add_parser(
+        "compile", help="compile a model with the tuned schedules into a shared library",
+        description="Compile MODEL with the relax_tune pipeline, applying the best schedule "
+                    "of every kernel found in WORK_DIR (nothing is tuned), and export the "
+                    "Relax VM executable as a shared library: load it with "
+                    "tvm.runtime.load_module(path) and relax.VirtualMachine(lib, tvm.cpu()).")
+    _add_model_args(comp)
+    comp.add_argument("--work-dir", required=True, help="the work dir `tune` wrote")
+    comp.add_argument("-o", "--output", required=True, help="library to write, e.g. model.so")
+    comp.set_defaults(func=_compile)
+
+    db = sub.add_parser("db", help="inspect, merge, prune or export tuning databases",
+                        description="Work on the JSON databases of work dirs "
+                                    "(database_workload.json + database_tuning_record.json).")
+    dbsub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    show = dbsub.add_parser(
+        "show", help="list workloads with trials, best latency and target",
+        description="One line per workload: a readable name (the task name from tasks.json, "
+                    "else derived from its blocks), output shape, weight, trials, failures, "
+                    "untuned and best latency, speedup, GFLOP/s and the targets measured; "
+                    "then the estimated end-to-end time.")
+    show.add_argument("work_dir", metavar="WORK_DIR")
+    show.add_argument("--target", default=None,
+                      help="count only records made for a target compatible with this one")
+    show.set_defaults(func=_db_show)
+    merge = dbsub.add_parser(
+        "merge", help="merge several work dirs into one",
+        description="Append every record of the SOURCE work dirs, in order, to OUTPUT "
+                    "(created when missing; may be one of the sources); records already there "
+                    "(same workload, trace and target) are skipped.")
+    merge.add_argument("sources", nargs="+", metavar="SOURCE")
+    merge.add_argument("-o", "--output", required=True, help="work dir to merge into")
+    merge.set_defaults(func=_db_merge)
+    prune = dbsub.add_parser(
+        "prune", help="keep only the top-k records per workload",
+        description="Write to OUTPUT (a new work dir) the K fastest valid records of every "
+                    "workload and its untuned baseline; failed records are dropped. WORK_DIR "
+                    "is not modified.")
+    prune.add_argument("work_dir", metavar="WORK_DIR")
+    prune.add_argument("-o", "--output", required=True, help="new work dir for the result")
+    prune.add_argument("--top-k", type=int, default=1, help="records kept per workload "
+                                                            "(default: 1)")
+    prune.add_argument("--drop-baseline", action="store_true",
+                       help="drop the untuned-function records too")
+    prune.set_defaults(func=_db_prune)
+    export = dbsub.add_parser(
+        "export", help="export best schedules (JSON) or every record (CSV)",
+        description="JSON: one object per workload with its name, shape, trials, untuned and "
+                    "best seconds, and the best trace. CSV: every record (workload, trial, "
+                    "mean seconds, valid, target), for your own analysis.")
+    export.add_argument("work_dir", metavar="WORK_DIR")
+    export.add_argument("-o", "--output", required=True, help="file to write (.json or .csv)")
+    export.add_argument("--format", choices=["json", "csv"], default=None,
+                        help="default: from the output's extension, else json")
+    export.set_defaults(func=_db_export)
+
+    report = sub.add_parser(
+        "report", help="plot best-so-far latency per task and write a summary",
+        description="Write WORK_DIR/report/ (or -o): curves.png (all tasks), one "
+                    "curve_<i>_<task>.png per task (best-so-far latency versus trial, every "
+                    "trial as a dot, the untuned latency dashed), and summary.md with the "
+                    "tasks, their best schedules and the estimated end-to-end time (sum of "
+                    "weight x latency; weights from tasks.json or --model, else 1). Plots need "
+                    "the plot extra (matplotlib).")
+    report.add_argument("work_dir", metavar="WORK_DIR")
+    report.add_argument("-o", "--output", default=None, help="directory for the report files")
+    report.add_argument("--model", default=None,
+                        help="the tuned model (" + _MODEL_HELP + "), for task weights when "
+                             "WORK_DIR has no tasks.json")
+    report.add_argument("--target", default=None,
+                        help="with --model: the target it was tuned for; alone: only records "
+                             "made for a compatible target")
+    report.add_argument("--html", action="store_true", help="write summary.html too")
+    report.set_defaults(func=_report)
+
     demo = sub.add_parser(
         "demo", help="tune the tutorial's MLP on this CPU and print what it gained",
         description="Tune the MetaSchedule tutorial's MLP (Linear-ReLU-Linear) on the host CPU, "
@@ -41,8 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where the tuning database is kept (default: ./relax_tune_demo)")
     demo.add_argument("--trials", type=int, default=64,
                       help="trials shared by the model's tasks (default: 64)")
-    demo.add_argument("--target", default=None,
-                      help="TVM target as a string or JSON dict (default: this machine's CPU)")
+    demo.add_argument("--target", default=None, help=_TARGET_HELP)
     demo.set_defaults(func=_demo)
     return parser
 
@@ -50,13 +424,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``relax-tune`` console script."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    # The level sits on the handler, not only the logger: tuning lowers the relax_tune
+    # logger's level to feed work_dir/logs, and those records must not flood the terminal.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.INFO if args.verbose else logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    if root.level == logging.NOTSET or root.level > handler.level:
+        root.setLevel(handler.level)
     try:
         return args.func(args)
     except RelaxTuneError as err:
         print(f"relax-tune: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        root.removeHandler(handler)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -60,31 +61,14 @@ class LoadedModel:
 
 
 def lower_for_tuning(mod: tvm.IRModule, target: Any = None) -> tvm.IRModule:
-    """``mod`` through the passes the "relax_tune" pipeline runs before it tunes (its default
-    configuration: no lifted params, no weight prepacking), so the tasks extracted from the
-    result are the functions the pipeline later looks up in the database.
+    """``mod`` through the passes the "relax_tune" pipeline runs before it tunes
+    (``transform.lowering_passes``, default configuration), so the tasks extracted from the
+    result are the functions the pipeline later looks up in the database."""
+    from .transform import lowering_passes
 
-    The list mirrors ``transform.relax_tune_pipeline``; tests/test_cli.py checks that a model
-    tuned through it gives the pipeline nothing new to tune."""
     target = parse_target(target)
-    if target.kind.name == "llvm":
-        backend = relax.backend.cpu_generic.pipeline
-    elif target.kind.name == "cuda":
-        backend = relax.backend.cuda.pipeline
-    else:
-        raise RelaxTuneError(f"relax-tune supports llvm and cuda targets, not "
-                             f"{target.kind.name!r}")
     with target:
-        return tvm.transform.Sequential([
-            relax.transform.DecomposeOpsForInference(),
-            relax.transform.CanonicalizeBindings(),
-            *backend.library_dispatch_passes(target),
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-        ])(mod)
+        return tvm.transform.Sequential(lowering_passes(target))(mod)
 
 
 def load_model(spec: str, shape_dict: Mapping[str, list[int]] | None = None) -> LoadedModel:
@@ -138,6 +122,13 @@ def load_python(path: str, func_name: str, spec: str | None = None) -> LoadedMod
     func = getattr(module, func_name, None)
     if not callable(func):
         raise RelaxTuneError(f"{path!r} has no function {func_name!r} (model {spec!r})")
+    try:
+        inspect.signature(func).bind()
+    except TypeError:
+        raise RelaxTuneError(f"{spec}: the function must be callable without arguments; wrap "
+                             "it in one that passes them") from None
+    except ValueError:  # no signature (a builtin): just call it
+        pass
     result = func()
     params: Any = None
     if isinstance(result, tuple):
@@ -149,23 +140,13 @@ def load_python(path: str, func_name: str, spec: str | None = None) -> LoadedMod
 
 
 def bind_params(mod: tvm.IRModule, params: Mapping[str, Any]) -> tvm.IRModule:
-    """Bind ``params`` into every Relax function with parameters of those names."""
+    """Bind ``params`` as constants the way the "relax_tune" pipeline does
+    (``transform.bind_params``); nothing to do for an empty dict."""
     if not params:
         return mod
-    out = mod
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        names = {_var_name(p) for p in func.params}
-        mine = {k: tvm.runtime.tensor(np.asarray(v)) for k, v in params.items() if k in names}
-        if mine:
-            out = relax.transform.BindParams(gv.name_hint, mine)(out)
-    return out
+    from .transform import bind_params as pipeline_bind
 
-
-def _var_name(var: Any) -> str:
-    # relax Vars are tvm.ir.Var in TVM 0.27 (``name``); older releases had ``name_hint``
-    return str(getattr(var, "name", None) or var.name_hint)
+    return pipeline_bind(mod, dict(params))
 
 
 def parse_shape_dict(items: list[str] | None) -> dict[str, list[int]]:

@@ -428,7 +428,7 @@ def summary_html(summaries: Sequence[WorkloadSummary], work_dir: str,
         rows.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
     head = ["#", "workload", "shape", "weight", "trials", "failed", "untuned us", "best us",
             "speedup", "GFLOP/s", "weighted us", "target"]
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>relax_tune report</title>"
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>relax_tune report</title>"
              "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
              "pre{background:#f6f6f6;padding:8px;overflow:auto}</style></head><body>",
