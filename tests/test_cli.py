@@ -207,3 +207,18 @@ def test_parse_helpers():
     with pytest.raises(RelaxTuneError, match="NAME=D0,D1"):
         parse_shape_dict(["x"])
     assert cli._split_names(["matmul,add", "conv"]) == ["matmul", "add", "conv"]
+
+
+def test_tune_through_rpc(onnx_model, tmp_path, capsys):
+    """``--rpc host:port:key`` measures on a real local RPC tracker + server."""
+    rpc_cluster = pytest.importorskip("rpc_cluster")  # tests/rpc_cluster.py, the RPC fixture
+    path, _ = onnx_model
+    wd = str(tmp_path / "wd")
+    with rpc_cluster.LocalRPCCluster(n_servers=1, key="rt-cli") as cluster:
+        code, out, err = run_cli(capsys, "tune", path, "--work-dir", wd, "--trials", "4",
+                                 "--trials-per-iter", "4", "--op-names", "fused",
+                                 "--rpc", f"{cluster.tracker}:rt-cli")
+    assert code == 0, err
+    assert "4 new trials" in out
+    records = JSONDatabase(work_dir=wd).get_all_tuning_records()
+    assert len(records) == 5 and sum(r.is_valid for r in records) >= 2
