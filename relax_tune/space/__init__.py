@@ -18,7 +18,7 @@ import logging
 import tvm
 from tvm.s_tir import Schedule, Trace
 
-from . import analysis, cpu
+from . import analysis, cpu, gpu
 from .generator import (Replayed, SpaceGenerator, empty_trace, register_space, sketch_part,
                         space_for_target, without_decisions)
 from .inline import AutoInline
@@ -65,7 +65,7 @@ __all__ = [
     "AutoInline", "LimitRegisterTile", "MultiLevelTiling", "ParallelVectorizeUnroll", "Postproc", "Replayed",
     "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "ScheduleRule",
     "SpaceGenerator", "TargetParams", "analysis", "apply_postprocs", "check_decision",
-    "check_schedule", "cpu", "empty_trace", "generate_design_space", "register_space",
+    "check_schedule", "cpu", "gpu", "empty_trace", "generate_design_space", "register_space",
     "sampling_instructions", "sketch_part", "space_for_target", "target_params",
     "validate_decisions", "without_decisions",
 ]
