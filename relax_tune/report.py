@@ -294,7 +294,8 @@ def _draw_curve(ax, s: WorkloadSummary) -> None:
     curve = [(t, x * 1e6) for t, x in zip(trials, s.curve) if x is not None]
     if curve:
         ax.step([t for t, _ in curve], [x for _, x in curve], where="post", color="C0",
-                linewidth=2, label="best so far", zorder=3)
+                linewidth=2, label="best so far", zorder=3,
+                marker="o" if len(curve) == 1 else None)  # one point draws no step
     if s.baseline_secs:
         ax.axhline(s.baseline_secs * 1e6, color="C3", linestyle="--", linewidth=1.2,
                    label=f"untuned {_us(s.baseline_secs)} us", zorder=2)
@@ -306,8 +307,11 @@ def _draw_curve(ax, s: WorkloadSummary) -> None:
     ax.set_xlabel("trial")
     ax.set_ylabel("latency (us)")
     ax.grid(True, alpha=0.3)
-    if not s.trials:
-        ax.text(0.5, 0.5, "no tuning trials", transform=ax.transAxes, ha="center",
+    if s.trials:
+        ax.set_xlim(0, s.trials + 1)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    else:
+        ax.text(0.5, 0.3, "no tuning trials", transform=ax.transAxes, ha="center",
                 va="center", color="0.4")
         ax.set_xlim(0, 1)
     if ok or s.baseline_secs:
