@@ -1,8 +1,15 @@
-"""Tune single kernels with relax_tune and print them next to numpy/OpenBLAS and the untuned
-build, all measured in this one invocation.
+"""Tune single kernels and the demo model with relax_tune and print them next to numpy/OpenBLAS,
+the untuned build and (optionally) MetaSchedule, all measured in this one invocation.
 
-    python benchmarks/bench_kernels.py --workload matmul --trials 64
-    python benchmarks/bench_kernels.py --workload matmul conv2d --trials 64 256
+    python benchmarks/bench_kernels.py --workload matmul conv2d demo --trials 64 256 \
+        --metaschedule 64
+
+Rows: ``numpy/OpenBLAS`` (the reference), ``untuned`` (the function as lowered), ``relax_tune``
+at each trial count (tuning wall time, trials/s), ``metaschedule`` at each ``--metaschedule``
+trial count (TVM's tune_tir with the builder initializer of
+shared/notes/metaschedule-baseline.md; ``tvm.s_tir.tensor_intrin`` imported before any clock).
+Every kernel is re-timed here (``time_evaluator`` number=10 repeat=5, median) after tuning;
+for ``demo`` the whole VM call is timed (untuned vs the records applied).
 
 Timing on a small shared machine is noisy: every figure is a median of repeated runs, and the
 ratio to numpy measured in the same run is the number to compare across runs.
@@ -20,7 +27,7 @@ import tvm
 from tvm import te, topi
 
 import relax_tune as rt
-from relax_tune.utils import normalize_mod
+from relax_tune.utils import ensure_tvm_threads, normalize_mod
 
 
 def matmul(n: int = 1024):
@@ -49,6 +56,70 @@ def conv2d():
 
 
 WORKLOADS = {"matmul": matmul, "conv2d": conv2d}
+MODELS = ("demo",)
+
+
+def _import_tensor_intrin() -> None:
+    import tvm.s_tir.tensor_intrin  # noqa: F401  (slow: once per MetaSchedule builder worker)
+
+
+def time_kernel(mod: tvm.IRModule, target, inputs, ref) -> float:
+    """Compile ``mod``, check it against ``ref`` and return its median seconds."""
+    lib = tvm.compile(mod, target).mod
+    dev = tvm.cpu()
+    args_ = [tvm.runtime.tensor(x, dev) for x in inputs]
+    expected = ref(*inputs)
+    args_.append(tvm.runtime.empty(expected.shape, "float32", dev))
+    lib["main"](*args_)
+    np.testing.assert_allclose(args_[-1].numpy(), expected, rtol=1e-3, atol=1e-3)
+    timer = lib.time_evaluator("main", dev, number=10, repeat=5)
+    return float(np.median(timer(*args_).results))
+
+
+def metaschedule_kernel(func, target, trials: int, inputs, ref) -> tuple[float, float]:
+    """MetaSchedule's best kernel for ``func`` after ``trials`` trials: (seconds, tune wall)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    mod = normalize_mod(func)
+    with tempfile.TemporaryDirectory() as work_dir:
+        start = time.perf_counter()
+        db = ms.tune_tir(mod, target, work_dir, max_trials_global=trials,
+                         builder=ms.builder.LocalBuilder(initializer=_import_tensor_intrin))
+        wall = time.perf_counter() - start
+        sch = ms.tir_integration.compile_tir(db, mod, target)
+        return time_kernel(sch.mod, target, inputs, ref), wall
+
+
+def bench_demo(target, trials_list: list[int], rows: list) -> None:
+    """The demo MLP: untuned whole-model latency and relax_tune at each trial count (the VM
+    call; numpy's row is the same MLP in numpy)."""
+    from tvm import relax
+
+    from relax_tune.demo import demo_inputs, demo_model, time_model
+
+    mod, params = demo_model()
+    with target:
+        lowered = relax.get_pipeline("zero")(mod)
+    inputs = demo_inputs(params)
+    x, w1, b1, w2 = inputs
+    flops = 2.0 * (784 * 256 + 256 * 10)
+    np_secs = median_secs(lambda: np.maximum(x @ w1.T + b1, 0) @ w2.T, repeat=50)
+    rows.append(("demo", "numpy/OpenBLAS", "-", np_secs, flops, None))
+    before = time_model(lowered, target, inputs)
+    rows.append(("demo", "untuned", "-", before.median_secs, flops, None))
+    for trials in trials_list:
+        with tempfile.TemporaryDirectory() as work_dir:
+            tasks = rt.extract_tasks(lowered, target)
+            start = time.perf_counter()
+            reports = rt.tune_tasks(tasks, work_dir, max_trials_global=trials)
+            wall = time.perf_counter() - start
+            with target:
+                tuned = rt.ApplyDatabase(work_dir=work_dir)(lowered)
+            after = time_model(tuned, target, inputs)
+            np.testing.assert_allclose(after.output, before.output, rtol=1e-4, atol=1e-4)
+            done = sum(r.new_trials for r in reports)
+            rows.append(("demo", "relax_tune", trials, after.median_secs, flops,
+                         (wall, done / wall, sum(r.failures for r in reports))))
 
 
 def median_secs(fn, repeat: int = 7) -> float:
@@ -64,20 +135,33 @@ def median_secs(fn, repeat: int = 7) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", nargs="+", default=["matmul"], choices=sorted(WORKLOADS))
+    parser.add_argument("--workload", nargs="+", default=["matmul"],
+                        choices=sorted(WORKLOADS) + list(MODELS))
     parser.add_argument("--trials", nargs="+", type=int, default=[64])
+    parser.add_argument("--metaschedule", nargs="*", type=int, default=[],
+                        help="MetaSchedule trial counts to run as a baseline (kernels only)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    for name in ("relax_tune", "tvm"):
+        logging.getLogger(name).setLevel(logging.INFO if args.verbose else logging.WARNING)
+    threads = ensure_tvm_threads()
     target = rt.host_target()
-    print(f"target: {target}")
+    if args.metaschedule:
+        _import_tensor_intrin()  # before any clock starts
+    print(f"target: {target}, TVM threads: {threads}")
     rows = []
     for name in args.workload:
+        if name in MODELS:
+            bench_demo(target, args.trials, rows)
+            continue
         func, flops, ref, shapes = WORKLOADS[name]()
         rng = np.random.default_rng(0)
         inputs = [rng.uniform(-1, 1, s).astype("float32") for s in shapes]
         np_secs = median_secs(lambda: ref(*inputs))
         rows.append((name, "numpy/OpenBLAS", "-", np_secs, flops, None))
+        untuned = time_kernel(normalize_mod(func), target, inputs, ref)
+        rows.append((name, "untuned", "-", untuned, flops, None))
         for trials in args.trials:
             with tempfile.TemporaryDirectory() as work_dir:
                 task = rt.extract_tasks(tvm.IRModule({name: func}), target)[0]
@@ -87,19 +171,12 @@ def main() -> None:
                 # Re-time the applied best kernel here, in the same run as numpy.
                 db = rt.JSONDatabase(work_dir=work_dir)
                 sch = db.query_schedule(normalize_mod(func), target)
-                lib = tvm.compile(sch.mod, target).mod
-                dev = tvm.cpu()
-                args_ = [tvm.runtime.tensor(x, dev) for x in inputs]
-                out_shape = ref(*inputs).shape
-                args_.append(tvm.runtime.empty(out_shape, "float32", dev))
-                lib["main"](*args_)
-                np.testing.assert_allclose(args_[-1].numpy(), ref(*inputs), rtol=1e-3, atol=1e-3)
-                timer = lib.time_evaluator("main", dev, number=10, repeat=5)
-                best = float(np.median(timer(*args_).results))
-                if not rows or rows[-1][1] != "untuned":
-                    rows.append((name, "untuned", "-", report.baseline_secs, flops, None))
+                best = time_kernel(sch.mod, target, inputs, ref)
                 rows.append((name, "relax_tune", trials, best, flops,
-                             (wall, report.trials / wall, report.failures)))
+                             (wall, report.new_trials / wall, report.failures)))
+        for trials in args.metaschedule:
+            best, wall = metaschedule_kernel(func, target, trials, inputs, ref)
+            rows.append((name, "metaschedule", trials, best, flops, (wall, trials / wall, 0)))
     print()
     print(f"{'workload':<9}{'what':<16}{'trials':>7}{'ms':>11}{'GFLOP/s':>9}{'vs numpy':>9}"
           f"{'tune s':>8}{'trials/s':>9}{'failed':>7}")

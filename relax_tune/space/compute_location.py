@@ -31,16 +31,19 @@ class RandomComputeLocation(ScheduleRule):
         blk = sch.get(block)
         if ANN_TILED in blk.annotations or not A.is_trivial_binding(sch, block):
             return False
+        # Look on a copy: getters are traced, and a GetLoops whose output count depends on
+        # an earlier sampled location would make the sketch fail to replay.
+        probe = sch.copy()
         try:
-            if is_output_block(sch, block) or len(sch.get_consumers(block)) == 0:
+            if is_output_block(probe, block) or len(probe.get_consumers(block)) == 0:
                 return False
+            loops = probe.get_loops(block)
         except Exception:
             return False
-        loops = sch.get_loops(block)
         if not loops:
             return False
         # its loops must be its own: a block already computed at another one stays there
-        return all(A.loop_has_single_child(sch, lp) for lp in loops)
+        return all(A.loop_has_single_child(probe, lp) for lp in loops)
 
     def apply(self, sch: Schedule, block: SBlockRV) -> list[Schedule]:
         """Move ``block`` to a sampled location; ``[sch]``."""
