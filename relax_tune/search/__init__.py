@@ -12,10 +12,11 @@ import tvm
 
 from ..utils import RelaxTuneError
 from .base import Candidate, SearchContext, SearchStrategy, candidate_key
+from .evolutionary import EvolutionarySearch
 from .replay import ReplaySearch
 
 SearchFactory = Callable[..., SearchStrategy]
-_SEARCHES: dict[str, SearchFactory] = {"replay": ReplaySearch}
+_SEARCHES: dict[str, SearchFactory] = {"replay": ReplaySearch, "evolutionary": EvolutionarySearch}
 
 
 def register_search(name: str, factory: SearchFactory) -> None:
@@ -31,7 +32,7 @@ def search_names() -> list[str]:
 
 def make_search(name: str, mod: tvm.IRModule, target: tvm.target.Target,
                 seed: int = 1, context: SearchContext | None = None) -> SearchStrategy:
-    """The search strategy registered as ``name`` ("replay"; "evolutionary" comes later)
+    """The search strategy registered as ``name`` ("replay", "evolutionary")
     for the workload ``mod`` on ``target``; ``context`` carries the shared cost model and
     the task's records (factories are called as ``factory(mod, target, seed=, context=)``)."""
     factory = _SEARCHES.get(name)
@@ -40,5 +41,5 @@ def make_search(name: str, mod: tvm.IRModule, target: tvm.target.Target,
     return factory(mod, target, seed=seed, context=context or SearchContext())
 
 
-__all__ = ["Candidate", "ReplaySearch", "SearchContext", "SearchStrategy", "candidate_key", "make_search",
+__all__ = ["Candidate", "EvolutionarySearch", "ReplaySearch", "SearchContext", "SearchStrategy", "candidate_key", "make_search",
            "register_search", "search_names"]

@@ -1,0 +1,318 @@
+"""Evolutionary search: mutate good candidates, rank them with the cost model, measure the best.
+
+Each ``next_candidates`` call:
+
+1. samples ``fresh_per_call`` new candidates from the design space into the pool;
+2. for ``generations`` rounds, picks parents among the best measured candidates (the
+   task's database records included: warm start) and the best-predicted pool entries,
+   mutates them (``mutators``) and replays the mutants (postprocessing and checks included;
+   invalid ones are dropped), adding the new ones to the pool;
+3. returns ``n`` candidates: the best-predicted pool entries, except an ``epsilon`` share
+   drawn at random from the pool (exploration while the model is still wrong).
+
+Nothing already measured, excluded or returned before is ever returned, and no two returned
+candidates lower to the same program. Without a cost model, scores are random.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm.s_tir import Schedule, Trace
+
+from ..cost_model.features import N_FEATURES, extract_features
+from ..space import sketch_part, space_for_target, without_decisions
+from ..space.params import target_params
+from ..utils import FAILED_RUN_SECS, schedule_from_json, structural_hash, trace_to_json
+from .base import Candidate, SearchContext, SearchStrategy, candidate_key
+from .mutators import Mutator, default_mutators
+
+logger = logging.getLogger("relax_tune.search")
+
+_SEED_HIGH = 2**31 - 1
+
+
+@dataclass
+class _Entry:
+    """A valid, unmeasured candidate in the pool, with its features."""
+
+    cand: Candidate
+    program: int
+    features: np.ndarray
+    score: float = 0.0
+
+
+@dataclass
+class _Parent:
+    """A measured candidate that mutations may start from."""
+
+    sketch: Trace
+    secs: float
+
+
+class EvolutionarySearch(SearchStrategy):
+    """Cost-model-guided evolutionary search (see the module docstring).
+
+    Args:
+        mod: the normalised single-function workload.
+        target: the target the candidates are for.
+        seed: seed of the search's random generator (candidates are reproducible for a given
+            model state).
+        context: the shared cost model (None: random scores) and the task's records.
+        population_size: parents drawn from per generation (best measured + best predicted).
+        fresh_per_call: fresh design-space samples added to the pool per call.
+        generations: mutation rounds per call.
+        mutants_per_generation: mutation attempts per round.
+        epsilon: share of each batch picked at random from the pool instead of by score.
+        init_measured: best measured records (database included) kept as parents.
+        warm_start_records: records of the task replayed at start to seed parents and to
+            teach the cost model (best first; failures are only taught).
+        max_pool: pool entries kept between calls (the best-predicted ones).
+        mutators: mutator -> probability; default ``default_mutators(num_cores)``.
+        sketches: the design space; default ``space.generate_design_space(mod)``.
+    """
+
+    name = "evolutionary"
+
+    def __init__(self, mod: tvm.IRModule, target: tvm.target.Target, seed: int = 1,
+                 context: SearchContext | None = None, population_size: int = 32,
+                 fresh_per_call: int = 24, generations: int = 2,
+                 mutants_per_generation: int = 24, epsilon: float = 0.1,
+                 init_measured: int = 16, warm_start_records: int = 64, max_pool: int = 512,
+                 mutators: dict[Mutator, float] | None = None,
+                 sketches: list[Trace] | None = None) -> None:
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"epsilon must be in [0, 1], not {epsilon}")
+        self.mod = mod
+        self.target = target
+        self.context = context or SearchContext()
+        self.model = self.context.cost_model
+        self.task = self.context.task_name or str(structural_hash(mod))
+        self.space = space_for_target(target)
+        if sketches is None:
+            sketches = self.space.generate_design_space(mod)
+        self.sketches = [without_decisions(s) for s in sketches] or [Trace([], {})]
+        self.rng = np.random.default_rng(seed)
+        self.population_size = population_size
+        self.fresh_per_call = fresh_per_call
+        self.generations = generations
+        self.mutants_per_generation = mutants_per_generation
+        self.epsilon = epsilon
+        self.init_measured = init_measured
+        self.max_pool = max_pool
+        muts = mutators or default_mutators(target_params(target).num_cores)
+        self.mutators = list(muts)
+        probs = np.asarray([max(0.0, float(p)) for p in muts.values()])
+        self.mutator_probs = probs / probs.sum() if probs.sum() > 0 else None
+        self._tunable = any(s.insts for s in self.sketches) and any(
+            inst.kind.name.startswith("Sample") for s in self.sketches for inst in s.insts)
+        self._pool: dict[str, _Entry] = {}
+        self._returned: set[str] = set()
+        self._programs: set[int] = set()
+        self._parents: dict[str, _Parent] = {}
+        self._given: dict[str, np.ndarray] = {}  # features of returned candidates
+        self.errors: dict[str, int] = {}
+        """Why samples and mutants were dropped: reason -> count."""
+        self.stats = {"replays": 0, "replay_secs": 0.0, "feature_secs": 0.0,
+                      "predict_secs": 0.0, "mutants": 0, "fresh": 0}
+        """Work done so far (for reports and the benchmark)."""
+        self._warm_start(self.context.records[:warm_start_records])
+
+    # -- warm start -----------------------------------------------------------------------
+
+    def _warm_start(self, records: list) -> None:
+        """Replay the task's best records: they become parents, and the model learns them."""
+        rows, secs, keys = [], [], []
+        for rec in records:
+            trace_json = getattr(rec, "trace_json", None)
+            if not trace_json or not trace_json[0]:
+                continue  # the untuned baseline: nothing to mutate
+            key = candidate_key(trace_json)
+            self._returned.add(key)
+            try:
+                sch = schedule_from_json(self.mod, trace_json)
+            except Exception as err:  # a record from another version of the space
+                logger.debug("warm start: record not replayable: %s", err)
+                continue
+            run = float(rec.mean_run_secs) if rec.is_valid else FAILED_RUN_SECS
+            self._programs.add(structural_hash(sch.mod))
+            if rec.is_valid and len(self._parents) < self.init_measured:
+                self._parents[key] = _Parent(sketch_part(sch.trace), run)
+            rows.append(self._features(sch))
+            secs.append(run)
+            keys.append(key)
+        if self.model is not None and rows:
+            self.model.update_features(self.task, np.stack(rows), secs, keys)
+
+    # -- pieces ---------------------------------------------------------------------------
+
+    def _note(self, reason: str) -> None:
+        key = reason.split(":")[0][:80]
+        self.errors[key] = self.errors.get(key, 0) + 1
+
+    def _features(self, sch: Schedule) -> np.ndarray:
+        start = time.perf_counter()
+        out = extract_features(sch)
+        self.stats["feature_secs"] += time.perf_counter() - start
+        return out
+
+    def _seed(self) -> int:
+        return int(self.rng.integers(1, _SEED_HIGH))
+
+    def _add(self, trace: Trace, exclude: set[str] | frozenset[str]) -> bool:
+        """Replay ``trace`` (decisions kept, missing ones sampled) and pool the result if it
+        is valid and new."""
+        start = time.perf_counter()
+        result = self.space.replay(self.mod, trace, seed=self._seed())
+        self.stats["replays"] += 1
+        self.stats["replay_secs"] += time.perf_counter() - start
+        if not result.ok:
+            self._note(result.error or "invalid")
+            return False
+        sch = result.sch
+        trace_json = trace_to_json(sch.trace)
+        key = candidate_key(trace_json)
+        if key in self._pool or key in self._returned or key in exclude:
+            self._note("duplicate")
+            return False
+        program = structural_hash(sch.mod)
+        if program in self._programs or any(e.program == program for e in self._pool.values()):
+            self._note("duplicate program")
+            return False
+        self._pool[key] = _Entry(Candidate(sch=sch, trace_json=trace_json, key=key), program,
+                                 self._features(sch))
+        return True
+
+    def _sample_fresh(self, count: int, exclude: set[str] | frozenset[str]) -> int:
+        added, attempts = 0, 0
+        while added < count and attempts < 4 * count + 8:
+            attempts += 1
+            sketch = self.sketches[int(self.rng.integers(len(self.sketches)))]
+            if self._add(sketch, exclude):
+                added += 1
+        self.stats["fresh"] += added
+        return added
+
+    def _score_pool(self) -> None:
+        if not self._pool:
+            return
+        entries = list(self._pool.values())
+        start = time.perf_counter()
+        if self.model is None:
+            scores = self.rng.random(len(entries))
+        else:
+            scores = self.model.predict_features(self.task, np.stack([e.features for e in entries]))
+        self.stats["predict_secs"] += time.perf_counter() - start
+        for entry, score in zip(entries, scores):
+            entry.score = float(score)
+
+    def _parent_traces(self) -> list[Trace]:
+        measured = sorted(self._parents.values(), key=lambda p: p.secs)[:self.init_measured]
+        k = max(1, self.population_size - len(measured))
+        predicted = sorted(self._pool.values(), key=lambda e: -e.score)[:k]
+        return [p.sketch for p in measured] + [sketch_part(e.cand.sch.trace) for e in predicted]
+
+    def _mutate(self, parent: Trace) -> Trace | None:
+        order = self.rng.permutation(len(self.mutators)) if self.mutator_probs is None else \
+            self.rng.choice(len(self.mutators), size=len(self.mutators), replace=False,
+                            p=self.mutator_probs)
+        for i in order:  # the chosen mutator first, the others when it has nothing to change
+            child = self.mutators[int(i)].apply(parent, self.rng)
+            if child is not None:
+                return child
+        return None
+
+    def _evolve(self, exclude: set[str] | frozenset[str]) -> None:
+        for _ in range(self.generations):
+            self._score_pool()
+            parents = self._parent_traces()
+            if not parents:
+                return
+            for _ in range(self.mutants_per_generation):
+                child = self._mutate(parents[int(self.rng.integers(len(parents)))])
+                if child is None:
+                    self._note("no mutation applies")
+                    continue
+                if self._add(child, exclude):
+                    self.stats["mutants"] += 1
+
+    # -- the strategy ---------------------------------------------------------------------
+
+    def next_candidates(self, n: int, exclude: set[str] | frozenset[str] = frozenset()
+                        ) -> list[Candidate]:
+        """Up to ``n`` new candidates (see the module docstring); fewer, possibly none, when
+        the space runs dry."""
+        if n <= 0:
+            return []
+        for key in [k for k in self._pool if k in exclude]:
+            del self._pool[key]
+        if not self._tunable:
+            return self._untunable(n, exclude)
+        self._sample_fresh(max(self.fresh_per_call, n - len(self._pool)), exclude)
+        self._evolve(exclude)
+        if len(self._pool) < n:
+            self._sample_fresh(n - len(self._pool), exclude)
+        self._score_pool()
+        out = self._select(n)
+        for cand in out:
+            self._returned.add(cand.key)
+            entry = self._pool.pop(cand.key)
+            self._given[cand.key] = entry.features
+            self._programs.add(entry.program)
+        self._trim_pool()
+        logger.debug("evolutionary search %s: %d candidates, pool %d, %s", self.task, len(out),
+                     len(self._pool), self.errors)
+        return out
+
+    def _select(self, n: int) -> list[Candidate]:
+        ranked = sorted(self._pool.values(), key=lambda e: -e.score)
+        n_random = min(len(ranked), int(math.floor(self.epsilon * n + self.rng.random())))
+        n_best = min(len(ranked), n - n_random)
+        chosen = ranked[:n_best]
+        rest = ranked[n_best:]
+        if rest and n_random:
+            picks = self.rng.choice(len(rest), size=min(n_random, len(rest)), replace=False)
+            chosen += [rest[int(i)] for i in picks]
+        return [e.cand for e in chosen]
+
+    def _trim_pool(self) -> None:
+        if len(self._pool) <= self.max_pool:
+            return
+        ranked = sorted(self._pool.items(), key=lambda kv: -kv[1].score)
+        self._pool = dict(ranked[:self.max_pool])
+
+    def _untunable(self, n: int, exclude: set[str] | frozenset[str]) -> list[Candidate]:
+        """A space without sampling instructions holds one program per sketch."""
+        out = []
+        for sketch in self.sketches:
+            if len(out) >= n:
+                break
+            if self._add(sketch, exclude):
+                key = list(self._pool)[-1]
+                entry = self._pool.pop(key)
+                self._returned.add(key)
+                self._programs.add(entry.program)
+                out.append(entry.cand)
+        return out
+
+    def update(self, candidates: list[Candidate], run_secs: list[float]) -> None:
+        """Measured results: good ones become parents; the cost model learns all of them."""
+        rows, keys = [], []
+        for cand, secs in zip(candidates, run_secs):
+            self._returned.add(cand.key)
+            if secs < FAILED_RUN_SECS * 0.5:
+                self._parents[cand.key] = _Parent(sketch_part(cand.sch.trace), float(secs))
+            feats = self._given.pop(cand.key, None)
+            rows.append(self._features(cand.sch) if feats is None else feats)
+            keys.append(cand.key)
+        if len(self._parents) > 4 * self.init_measured:
+            best = sorted(self._parents.items(), key=lambda kv: kv[1].secs)[:self.init_measured]
+            self._parents = dict(best)
+        if self.model is not None and rows:
+            self.model.update_features(self.task, np.stack(rows).reshape(-1, N_FEATURES),
+                                       list(run_secs), keys)

@@ -1,0 +1,109 @@
+"""Evolutionary search: mutators keep decisions valid, no candidate twice (in a run and
+across a resumed run), warm start from the database, the cost model learns and is saved."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from tvm import te
+
+from relax_tune.cost_model import XGBModel, cost_model_dir
+from relax_tune.extract import extract_tasks
+from relax_tune.search import (EvolutionarySearch, ReplaySearch, SearchContext, make_search,
+                               search_names)
+from relax_tune.search.base import candidate_key
+from relax_tune.search.mutators import (MutateCategorical, MutateParallel, MutateTileSize,
+                                        MutateUnroll)
+from relax_tune.space import (check_decision, sampling_instructions, sketch_part,
+                              space_for_target, validate_decisions)
+from relax_tune.tune import BASELINE_KEY, tune_tasks
+from relax_tune.utils import normalize_mod
+
+
+def matmul(n: int):
+    a = te.placeholder((n, n), "float32", name="A")
+    b = te.placeholder((n, n), "float32", name="B")
+    r = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return normalize_mod(te.create_prim_func([a, b, c]))
+
+
+def _tiles(trace) -> list[tuple[int, list[int]]]:
+    return [(i, [int(x) for x in trace.get_decision(inst)])
+            for i, inst in enumerate(sampling_instructions(trace))
+            if inst.kind.name == "SamplePerfectTile"]
+
+
+@pytest.mark.parametrize("mutator", [MutateTileSize(), MutateUnroll(), MutateCategorical(),
+                                     MutateParallel(2)], ids=lambda m: m.name)
+def test_mutators_keep_decisions_valid(target, mutator):
+    mod = matmul(128)
+    space = space_for_target(target)
+    parents = [sketch_part(c.sch.trace)
+               for c in ReplaySearch(mod, target, seed=5).next_candidates(6)]
+    rng = np.random.default_rng(0)
+    changed = 0
+    for parent in parents:
+        for _ in range(5):
+            child = mutator.apply(parent, rng)
+            if child is None:
+                continue
+            for inst in sampling_instructions(child):
+                assert check_decision(inst, child.get_decision(inst)) is None
+            # tile products are kept: every tile still covers its loop exactly
+            for (i, before), (j, after) in zip(_tiles(parent), _tiles(child)):
+                assert i == j and np.prod(before) == np.prod(after)
+            result = space.replay(mod, child, seed=7)
+            # a postprocessor may still reject the program (register tile too big), but a
+            # decision is never refused or silently replaced on replay
+            if result.ok:
+                assert validate_decisions(child, result.sch.trace) is None
+                changed += 1
+            else:
+                assert "decision" not in (result.error or ""), result.error
+    assert changed > 0
+
+
+def test_registered_and_never_returns_a_key_twice(target):
+    assert "evolutionary" in search_names()
+    mod = matmul(64)
+    search = make_search("evolutionary", mod, target, seed=3,
+                         context=SearchContext(cost_model=XGBModel(min_train_rows=4),
+                                               task_name="mm"))
+    assert isinstance(search, EvolutionarySearch)
+    seen: set[str] = set()
+    exclude = {c.key for c in ReplaySearch(mod, target, seed=3).next_candidates(4)}
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        batch = search.next_candidates(6, exclude=exclude)
+        assert batch
+        keys = [c.key for c in batch]
+        assert len(set(keys)) == len(keys) and not (set(keys) & (seen | exclude))
+        assert all(c.key == candidate_key(c.trace_json) for c in batch)
+        seen |= set(keys)
+        search.update(batch, list(rng.uniform(1e-4, 1e-3, len(batch))))
+    assert search.model.trained
+    assert search.stats["mutants"] > 0  # the population evolved, not only fresh samples
+
+
+def test_no_trace_measured_twice_in_a_run_or_across_a_resumed_run(tmp_path, target):
+    work_dir = str(tmp_path)
+    task = extract_tasks(matmul(64), target)[0]
+    for _ in range(2):
+        reports = tune_tasks([task], work_dir, max_trials_global=10 * (_ + 1),
+                             num_trials_per_iter=5, strategy="evolutionary",
+                             cost_model="xgb", seed=1)
+        assert reports[0].trials == 10 * (_ + 1)
+    keys = []
+    with open(os.path.join(work_dir, "database_tuning_record.json"), encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                keys.append(candidate_key(json.loads(line)[1][0]))
+    keys = [k for k in keys if k != BASELINE_KEY]
+    assert len(keys) == 20 and len(set(keys)) == 20
+    # the model was saved for the next run, and holds every measured candidate
+    warm = XGBModel()
+    assert warm.load(cost_model_dir(work_dir)) and warm.num_rows == 20
