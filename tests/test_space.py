@@ -344,3 +344,75 @@ def test_sketches_replay_fresh_decisions(target):
         assert out.ok, out.error
         progs.add(tvm_ffi.structural_hash(out.sch.mod))
     assert len(progs) >= 2
+
+
+# ---------------------------------------------------------------------------------------
+# rfactor, random compute location, sampled parallel budget
+
+
+def full_sum(n=64, m=128):
+    x = te.placeholder((n, m), "float32", name="X")
+    return normalize_mod(te.create_prim_func([x, topi.sum(x, axis=(0, 1))])), lambda u: u.sum()
+
+
+def test_rfactor_sketches_parallelise_a_full_reduction(target):
+    """A full sum has no spatial work: some sketch rfactors it, and its candidates run the
+    partial sums on a parallel loop and still compute the sum."""
+    mod, ref = full_sum()
+    sketches = generate_design_space(mod, target)
+    rf = [s for s in sketches if any(i.kind.name == "RFactor" for i in s.insts)]
+    assert rf and len(rf) < len(sketches)  # the unchanged block stays in the space
+    ins, out_spec = random_inputs(mod)
+    space = space_for_target(target)
+    parallel = 0
+    for seed in (3, 2**20 + 1, 2**29 + 5):
+        out = space.replay(mod, without_decisions(rf[0]), seed=seed)
+        assert out.ok, out.error
+        kinds = []
+        tvm_ffi.structural_walk(out.sch.mod["main"].body,
+                                [(tirx.For, lambda lp: kinds.append(int(lp.kind)))])
+        parallel += 1 in kinds
+        np.testing.assert_allclose(run(out.sch.mod, target, ins, out_spec), ref(*ins),
+                                   rtol=1e-4, atol=1e-4)
+    assert parallel >= 1
+
+
+def test_random_compute_location_moves_the_pad_block(target):
+    """A pad block cannot be inlined (it branches); its location is sampled instead, and
+    every sketch replays with fresh decisions (no getter whose outputs depend on them)."""
+    mod, _ = conv2d_nchw()
+    sketches = generate_design_space(mod, target)
+    assert all("sample_compute_location" in str(s) for s in sketches)
+    space = space_for_target(target)
+    locations = set()
+    rng = np.random.default_rng(1)
+    for i in range(24):
+        out = space.replay(mod, without_decisions(sketches[i % len(sketches)]),
+                           seed=int(rng.integers(1, 2**31 - 1)))
+        assert out.error is None or "replay failed" not in out.error, out.error
+        if out.ok:
+            locations.update(int(out.sch.trace.get_decision(inst)) for inst in out.sch.trace.insts
+                             if inst.kind.name == "SampleComputeLocation")
+    assert len(locations) >= 2
+
+
+def test_softmax_sketches_always_replay(target):
+    """rfactor and compute-location sketches of softmax: fresh decisions never break a replay."""
+    mod, _ = softmax()
+    space = space_for_target(target)
+    sketches = generate_design_space(mod, target)
+    assert len(sketches) > 1
+    rng = np.random.default_rng(2)
+    for i in range(40):
+        out = space.replay(mod, without_decisions(sketches[i % len(sketches)]),
+                           seed=int(rng.integers(1, 2**31 - 1)))
+        assert out.error is None or "replay failed" not in out.error, out.error
+
+
+def test_parallel_budget_is_sampled_from_the_core_count(target):
+    p = target_params(tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 3}))
+    assert p.parallel_extent_choices == [3 * c for c in sorted(set(p.jobs_per_core_choices))]
+    mod, _ = elementwise_chain()
+    text = str(generate_design_space(mod, target)[0])
+    cores = target_params(target).num_cores
+    assert "sample_categorical" in text and f"candidates=[{4 * cores}," in text
