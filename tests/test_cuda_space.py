@@ -300,6 +300,19 @@ def test_verify_rejects_too_many_threads_and_too_much_shared_memory(zoo, sm80):
     assert all(VerifyGPUCode(no_shared, sm80).why_not(c.sch.mod) is not None for c in cands)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_large_matmul_gives_valid_candidates(dtype, sm80):
+    """At 4096^3 (the GPU benchmark's shape) the capped tile levels keep samples within the
+    target's limits: candidates come without a long run of rejected samples."""
+    a, b = te.placeholder((4096, 4096), dtype, "A"), te.placeholder((4096, 4096), dtype, "B")
+    mod = _mod(a, b, topi.matmul(a, b))
+    search = ReplaySearch(mod, sm80, seed=1, max_fail_streak=8)
+    cands = search.next_candidates(6)
+    assert len(cands) == 6, search.errors
+    verify = VerifyGPUCode(gpu_params(sm80), sm80)
+    assert all(verify.why_not(c.sch.mod) is None for c in cands)
+
+
 def test_gpu_params_from_target():
     a100 = gpu_params(tvm.target.Target("nvidia/nvidia-a100"))
     assert (a100.max_threads_per_block, a100.max_shared_memory_per_block,
@@ -310,6 +323,20 @@ def test_gpu_params_from_target():
     assert str(t.attrs["arch"]) == "sm_90" and t.host is not None
     with pytest.raises(RelaxTuneError, match="compute capability"):
         cuda_target("ampere")
+
+
+def test_ensure_cuda_compiler_picks_an_available_compiler(monkeypatch):
+    """Without NVRTC's Python bindings, TVM is told to compile CUDA modules with nvcc."""
+    from relax_tune.space.gpu import compile as gpu_compile
+
+    monkeypatch.delenv("TVM_CUDA_COMPILE_MODE", raising=False)
+    mode = gpu_compile.ensure_cuda_compiler()
+    if gpu_compile._has_nvrtc_bindings():
+        assert mode == "nvrtc"
+    elif find_nvcc() is not None:
+        assert mode == "nvcc" and tvm.support.nvcc.find_cuda_path()
+    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "NVRTC")
+    assert gpu_compile.ensure_cuda_compiler() == "nvrtc"
 
 
 def test_cuda_source_needs_bound_kernels(zoo, sm80):
