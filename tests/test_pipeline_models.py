@@ -6,6 +6,7 @@ import tvm
 from tvm import relax, tirx
 
 import relax_tune as rt
+from relax_tune.demo import run_demo
 from relax_tune.models import MODELS, get_model, model_inputs, split_inputs
 
 SMALL = {"num_trials_per_iter": 2}
@@ -124,3 +125,14 @@ def test_cuda_functions_without_records_get_dlight_schedules(name, target, tmp_p
     prims = [f for _, f in out.functions.items() if isinstance(f, tirx.PrimFunc)]
     assert prims and all(f.attrs["tirx.is_scheduled"] for f in prims)
     assert tvm.compile(mod, cuda, relax_pipeline=pipe) is not None
+
+
+def test_demo_reports_model_latency_next_to_kernel_sum(target, tmp_path):
+    lines: list[str] = []
+    result = run_demo(str(tmp_path), max_trials_global=4, target=target,
+                              num_trials_per_iter=2, out=lines.append)
+    assert result["outputs_match"]
+    assert sorted(r.task_name for r in result["reports"]) == ["fused_matmul_add_relu", "matmul1"]
+    assert result["kernels_secs"] > 0 and result["after"].median_secs > 0
+    text = "\n".join(lines)
+    assert "untuned" in text and "sum of the tuned kernels" in text and "overhead" in text
