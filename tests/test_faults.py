@@ -23,7 +23,7 @@ from tvm import te
 from tvm.script import tirx as T
 
 from relax_tune import utils
-from relax_tune.database import JSONDatabase
+from relax_tune.database import JSONDatabase, TuningRecord
 from relax_tune.extract import extract_tasks
 from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.measure.verify import WRONG_RESULT, CorrectnessChecker, compare_outputs
@@ -292,3 +292,34 @@ def test_two_tuners_share_one_work_dir(tmp_path):
     assert stored == sorted((k, secs) for k, secs in committed)
     with open(os.path.join(work, "database_workload.json"), "rb") as f:
         assert len(f.read().splitlines()) == 1  # one workload, committed once
+
+
+def test_record_line_fast_parse_matches_json(tmp_path):
+    """The loader's fast path gives exactly what json.loads gives, shared instructions or not."""
+    from relax_tune.database.json_database import parse_record_line
+    from relax_tune.search import make_search
+
+    mod = matmul_mod()
+    target = utils.host_target()
+    db = JSONDatabase(work_dir=str(tmp_path))
+    wl = db.commit_workload(mod)
+    cands = make_search("replay", mod, target, seed=5).next_candidates(6)
+    for i, cand in enumerate(cands * 2):
+        db.commit_tuning_record(TuningRecord(cand.trace_json, wl, [1e-3 * (i + 1)], target,
+                                             utils.args_info(mod)))
+    with open(os.path.join(str(tmp_path), "database_tuning_record.json")) as f:
+        lines = f.read().splitlines()
+    odd = ['[0, [[[], []], null, null, null]]', '[0,[[[1],[]],[1.0],null,null]', '[x]', '',
+           '[0,[[[],[]],[1],{"a":1},[]]] ']
+    known: dict = {}
+    for line in lines + odd:
+        try:
+            want = json.loads(line)
+        except ValueError:
+            with pytest.raises(ValueError):
+                parse_record_line(line, known)
+            continue
+        assert parse_record_line(line, known) == want
+    again = JSONDatabase(work_dir=str(tmp_path))
+    assert [r.as_json() for r in again.get_all_tuning_records()] == \
+        [r.as_json() for r in db.get_all_tuning_records()]

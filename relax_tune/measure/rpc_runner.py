@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import socket
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -33,9 +34,13 @@ def parse_tracker(tracker: str) -> tuple[str, int]:
 def parse_rpc_spec(spec: str) -> tuple[str, str]:
     """``"host:port:key"`` (the CLI's ``--rpc``) -> ``("host:port", key)``."""
     rest, sep, key = str(spec).rpartition(":")
-    if not sep or not key:
-        raise RelaxTuneError(f"--rpc {spec!r} is not host:port:key (e.g. 127.0.0.1:9190:cpu)")
-    parse_tracker(rest)
+    try:
+        if not sep or not key:
+            raise RelaxTuneError("no key")
+        parse_tracker(rest)
+    except RelaxTuneError:
+        raise RelaxTuneError(f"--rpc {spec!r} is not host:port:key "
+                             "(e.g. 127.0.0.1:9190:cpu)") from None
     return rest, key
 
 
@@ -62,8 +67,8 @@ class RPCRunner(Runner):
     (segfault); with ``max_retries=1`` a crashing candidate can take down at most two servers.
 
     Args:
-        tracker: ``"host:port"`` of the tracker.
-        key: the device key the servers registered with.
+        tracker: ``"host:port"`` of the tracker (or give ``tracker_host`` and ``tracker_port``).
+        key: the device key the servers registered with (``device_key`` is the same).
         session_timeout_sec: limit of one session (one candidate: upload, load, timing).
         number, repeat, min_repeat_ms, enable_cpu_cache_flush: as in ``LocalRunner``.
         cooldown_sec: pause between repeats on the device (``cooldown_interval_ms``).
@@ -73,11 +78,19 @@ class RPCRunner(Runner):
         max_parallel: the most sessions open at once (default: the servers under the key).
     """
 
-    def __init__(self, tracker: str, key: str, *, session_timeout_sec: float = 60.0,
+    def __init__(self, tracker: str | None = None, key: str | None = None, *,
+                 tracker_host: str | None = None, tracker_port: int | None = None,
+                 device_key: str | None = None, session_timeout_sec: float = 60.0,
                  number: int = 3, repeat: int = 3, min_repeat_ms: int = 0,
                  cooldown_sec: float = 0.0, enable_cpu_cache_flush: bool = False,
                  priority: int = 1, max_retries: int = 1, request_timeout_sec: float = 60.0,
                  max_parallel: int | None = None) -> None:
+        if tracker is None and tracker_host is not None and tracker_port is not None:
+            tracker = f"{tracker_host}:{tracker_port}"
+        if tracker is None:
+            raise RelaxTuneError("RPCRunner needs tracker='host:port' (or tracker_host= and "
+                                 "tracker_port=)")
+        key = key if key is not None else device_key
         self.tracker_host, self.tracker_port = parse_tracker(tracker)
         if not key or not isinstance(key, str):
             raise RelaxTuneError(f"RPC device key must be a non-empty string, not {key!r}")
@@ -101,6 +114,9 @@ class RPCRunner(Runner):
         self._lock = threading.Lock()
         self._closed = False
         self._tracker_client: Any = None
+        self.stats = {"sessions": 0, "retries": 0, "failed": 0}
+        """Counts over this runner's life: sessions opened, candidates retried after a lost
+        session, candidates recorded as failed."""
         self._check_tracker()
 
     @property
@@ -114,6 +130,8 @@ class RPCRunner(Runner):
     # ------------------------------------------------------------------ tracker
     def _check_tracker(self) -> None:
         try:
+            # a quick probe first: connect_tracker itself retries for a minute
+            socket.create_connection((self.tracker_host, self.tracker_port), timeout=5).close()
             self._tracker_client = tvm.rpc.connect_tracker(self.tracker_host, self.tracker_port)
             self._tracker_client.summary()
         except Exception as err:  # noqa: BLE001 - any failure: the tracker is not there
@@ -222,6 +240,7 @@ class RPCRunner(Runner):
             while queue and len(running) < parallel:
                 i = queue.pop(0)
                 tries[i] += 1
+                self.stats["sessions"] += 1
                 running[self._submit(pool, artifacts[i], info_json, device_type, flush,
                                      max_secs, self.seed, False)] = i
             done, _ = wait(list(running), return_when=FIRST_COMPLETED)
@@ -234,11 +253,13 @@ class RPCRunner(Runner):
                 if lost and tries[i] <= self.max_retries:
                     logger.warning("candidate %d lost its session on %s (%s); retrying on "
                                    "another server", i, device or "a server", error)
+                    self.stats["retries"] += 1
                     queue.append(i)
                     continue
                 if lost:
                     error = f"{error} (session lost {tries[i]} times)"
                 logger.debug("run failed on %s: %s", device, error)
+                self.stats["failed"] += 1
                 results[i] = RunResult(None, error, device)
             if queue and not running:
                 # retries pending: open no more sessions than servers are left

@@ -1,0 +1,159 @@
+"""RPCRunner against a real tracker and two real servers on 127.0.0.1 (TVM's own CLI programs,
+each in its own process group, killed by group at the end): tuning through them, results
+spread over both servers, a server killed mid-batch, a hung (stopped) server, bad input."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from relax_tune import utils
+from relax_tune.database import JSONDatabase
+from relax_tune.extract import extract_tasks
+from relax_tune.measure import LocalBuilder, LocalRunner, RPCRunner, parse_rpc_spec
+from relax_tune.tune import tune_tasks
+from relax_tune.utils import RelaxTuneError
+
+from rpc_cluster import LocalRPCCluster, free_port
+
+
+
+def matmul_mod(n: int) -> tvm.IRModule:
+    A = te.placeholder((n, n), "float32", name="A")
+    B = te.placeholder((n, n), "float32", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    return utils.normalize_mod(te.create_prim_func([A, B, C]))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalRPCCluster(n_servers=2, key="rt-test") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def builder():
+    with LocalBuilder(max_workers=2) as b:
+        yield b
+
+
+def test_bad_input_gives_clear_errors():
+    with pytest.raises(RelaxTuneError, match="host:port"):
+        RPCRunner("localhost", "k")
+    with pytest.raises(RelaxTuneError, match="host:port:key"):
+        parse_rpc_spec("127.0.0.1:9190")
+    assert parse_rpc_spec("127.0.0.1:9190:cpu") == ("127.0.0.1:9190", "cpu")
+    with pytest.raises(RelaxTuneError, match="cannot reach the RPC tracker"):
+        RPCRunner(f"127.0.0.1:{free_port()}", "k")
+
+
+def test_runs_spread_over_both_servers_and_match_local(cluster, builder, target):
+    mod = matmul_mod(64)
+    info = utils.args_info(mod)
+    builds = builder.build(mod, target, [None] * 6)
+    arts = [b.artifact_path for b in builds]
+    with RPCRunner(cluster.tracker, cluster.key, session_timeout_sec=60) as runner:
+        results = runner.run(arts + [None], info, target)
+        assert len(results) == 7 and results[-1].error == "not built"
+        assert all(r.ok and r.mean_secs > 0 for r in results[:-1]), results
+        devices = {r.device for r in results[:-1]}
+        assert devices == {f"rt-test@127.0.0.1:{p}" for p in cluster.server_ports}
+        remote = runner.run_and_fetch(arts[0], info, target, seed=5)
+    with LocalRunner() as local:
+        here = local.run_and_fetch(arts[0], info, target, seed=5)
+    for a, b in zip(remote, here):  # same seeded inputs, same outputs
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+    assert cluster.free() == 2  # every session released
+
+
+def test_tuning_completes_through_rpc(cluster, builder, target, tmp_path):
+    mod = matmul_mod(32)
+    tasks = extract_tasks(mod, target)
+    work = str(tmp_path / "work")
+    with RPCRunner(cluster.tracker, cluster.key) as runner:
+        reports = tune_tasks(tasks, work, max_trials_global=8, num_trials_per_iter=4,
+                             builder=builder, runner=runner)
+    assert reports[0].trials == 8 and reports[0].best_secs is not None
+    db = JSONDatabase(work_dir=work)
+    assert len(db) == 9  # 8 trials + baseline
+    assert db.query_schedule(mod, target) is not None
+    assert cluster.free() == 2
+
+
+def _kill_when_busy(cluster: LocalRPCCluster, victim, sig: int, log: list) -> threading.Thread:
+    """Send ``sig`` to ``victim`` as soon as both servers are in a session."""
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if cluster.free() == 0:
+                LocalRPCCluster.kill(victim, sig)
+                log.append(time.monotonic())
+                return
+            time.sleep(0.05)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("fault", ["killed", pytest.param("hung", marks=pytest.mark.slow)])
+def test_server_lost_mid_batch(builder, target, fault):
+    """One of two servers is SIGKILLed (or SIGSTOPped: hangs) while both are measuring: its
+    candidate is retried on the other one, and every candidate gets a result."""
+    mod = matmul_mod(128)  # untuned: each candidate keeps a server busy for a while
+    info = utils.args_info(mod)
+    arts = [b.artifact_path for b in builder.build(mod, target, [None] * 6)]
+    with LocalRPCCluster(n_servers=2, key=f"rt-{fault}") as c:
+        victim, survivor = c.servers[0], c.server_ports[1]
+        sig = signal.SIGKILL if fault == "killed" else signal.SIGSTOP
+        # a short session limit bounds the wait on the hung server
+        with RPCRunner(c.tracker, c.key, number=10, repeat=3, session_timeout_sec=6,
+                       request_timeout_sec=6) as runner:
+            killed: list = []
+            watcher = _kill_when_busy(c, victim, sig, killed)
+            start = time.monotonic()
+            results = runner.run(arts, info, target)
+            wall = time.monotonic() - start
+            watcher.join(timeout=5)
+            assert killed, "both servers were never busy at once"
+            assert len(results) == len(arts)
+            assert all(r.ok for r in results), [r.error for r in results]
+            assert runner.stats["retries"] >= 1
+            assert wall < 60
+            # the next batch runs on the survivor alone
+            again = runner.run(arts[:2], info, target)
+            assert all(r.ok and r.device.endswith(f":{survivor}") for r in again)
+        if fault == "hung":
+            LocalRPCCluster.kill(victim, signal.SIGCONT)
+
+
+def test_no_server_under_key_fails_candidates_in_bounded_time(cluster, builder, target):
+    mod = matmul_mod(16)
+    art = builder.build(mod, target, [None])[0].artifact_path
+    with RPCRunner(cluster.tracker, "no-such-key", request_timeout_sec=1) as runner:
+        start = time.monotonic()
+        (res,) = runner.run([art], utils.args_info(mod), target)
+        assert not res.ok and "no RPC server registered under key 'no-such-key'" in res.error
+        assert time.monotonic() - start < 10
+
+
+def test_cli_rpc_spec_makes_a_working_runner(cluster, builder, target):
+    from relax_tune import cli
+
+    make = getattr(cli, "make_rpc_runner", None)
+    if make is None:
+        pytest.skip("this CLI has no --rpc yet")
+    mod = matmul_mod(16)
+    art = builder.build(mod, target, [None])[0].artifact_path
+    runner = make(f"{cluster.tracker}:{cluster.key}")
+    try:
+        (res,) = runner.run([art], utils.args_info(mod), target)
+        assert res.ok and res.device.startswith(cluster.key + "@127.0.0.1:")
+    finally:
+        runner.shutdown()
