@@ -104,7 +104,7 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
         raise RelaxTuneError(f"extract_tasks expects a tvm.IRModule, not {type(mod).__name__}")
     target = parse_target(target)
     if params:
-        mod = _bind_params(mod, params)
+        mod = bind_params(mod, params)
     relax_mod = _has_relax_functions(mod)
     counts = call_tir_counts(mod) if relax_mod else {}
 
@@ -151,16 +151,27 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
     return tasks
 
 
-def _bind_params(mod: tvm.IRModule, params: dict) -> tvm.IRModule:
-    """Bind ``params`` (name -> array) into every Relax function that has such parameters."""
+def bind_params(mod: tvm.IRModule, params: dict) -> tvm.IRModule:
+    """Bind ``params`` (``{parameter name: numpy array or tvm Tensor}``) as constants into
+    every Relax function that has parameters of those names; the functions lose those
+    parameters. A name that no Relax function has raises ``RelaxTuneError``."""
+    if not isinstance(params, dict):
+        raise RelaxTuneError(
+            f"params must be a dict {{parameter name: array}}, not {type(params).__name__}; "
+            "for export_tvm's list write {name: array for name, array in ...}")
+    names: set[str] = set()
     out = mod
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function):
             continue
-        names = {p.name_hint for p in func.params}
-        mine = {k: v for k, v in params.items() if k in names}
+        mine = {p.name: params[p.name] for p in func.params if p.name in params}
+        names.update(mine)
         if mine:
             out = relax.transform.BindParams(gv.name_hint, {
                 k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(v)
                 for k, v in mine.items()})(out)
+    unknown = sorted(set(params) - names)
+    if unknown:
+        raise RelaxTuneError(f"params {unknown} match no parameter of the module's Relax "
+                             "functions; pass the names export_tvm returned")
     return out

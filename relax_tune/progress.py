@@ -66,13 +66,8 @@ class Progress:
             logger.warning("cannot write logs to %s (%s); going on without a log file",
                            log_dir, err)
             return None
-        handler.setLevel(logging.DEBUG)
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
-        root = logging.getLogger("relax_tune")
-        root.addHandler(handler)
-        if root.getEffectiveLevel() > logging.DEBUG:
-            root.setLevel(logging.DEBUG)
-            handler._relax_tune_restore = True  # type: ignore[attr-defined]
+        _LogTee.install(handler)
         return handler
 
     def advance(self, report, n: int) -> None:
@@ -100,9 +95,48 @@ class Progress:
             self._bar.close()
             self._bar = None
         if self._handler is not None:
-            root = logging.getLogger("relax_tune")
-            root.removeHandler(self._handler)
-            if getattr(self._handler, "_relax_tune_restore", False):
-                root.setLevel(logging.NOTSET)
+            _LogTee.remove(self._handler)
             self._handler.close()
             self._handler = None
+
+
+class _LogTee(logging.Handler):
+    """Sends every ``relax_tune`` record (DEBUG included) to the log file while the user's own
+    handlers above keep seeing only what they saw before: the package logger is lowered to
+    DEBUG and stops propagating, and this handler forwards to the parents' handlers the
+    records at or above the level that was in force before."""
+
+    _installed: dict[logging.Handler, tuple[logging.Handler, int, bool]] = {}
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        parent = logging.getLogger("relax_tune").parent
+        while parent is not None:
+            for h in parent.handlers:
+                if record.levelno >= h.level:
+                    h.handle(record)
+            if not parent.propagate:
+                break
+            parent = parent.parent
+
+    @classmethod
+    def install(cls, file_handler: logging.Handler) -> None:
+        pkg = logging.getLogger("relax_tune")
+        tee = cls(pkg.getEffectiveLevel())
+        cls._installed[file_handler] = (tee, pkg.level, pkg.propagate)
+        if pkg.propagate:
+            pkg.addHandler(tee)
+        pkg.addHandler(file_handler)
+        pkg.setLevel(logging.DEBUG)
+        pkg.propagate = False
+
+    @classmethod
+    def remove(cls, file_handler: logging.Handler) -> None:
+        pkg = logging.getLogger("relax_tune")
+        tee, level, propagate = cls._installed.pop(file_handler)
+        pkg.removeHandler(file_handler)
+        pkg.removeHandler(tee)
+        pkg.setLevel(level)
+        pkg.propagate = propagate

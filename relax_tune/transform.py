@@ -20,7 +20,7 @@ import tvm
 from tvm import relax, tirx
 
 from .database import Database, JSONDatabase
-from .extract import ExtractedTask, extract_tasks
+from .extract import ExtractedTask, bind_params, extract_tasks
 from .tune import TaskReport, open_database, tune_tasks
 from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target
 
@@ -244,32 +244,6 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
         relax.transform.FuseTIR(),
         *([relax.transform.AttachAttrLayoutFreeBuffers()] if cpu_weight_prepack else []),
     ]
-
-
-def bind_params(mod: tvm.IRModule, params: dict) -> tvm.IRModule:
-    """Bind ``params`` (``{parameter name: numpy array or tvm Tensor}``) as constants into
-    every Relax function that has parameters of those names; the functions lose those
-    parameters. A name that no Relax function has raises ``RelaxTuneError``."""
-    if not isinstance(params, dict):
-        raise RelaxTuneError(
-            f"params must be a dict {{parameter name: array}}, not {type(params).__name__}; "
-            "for export_tvm's list write {name: array for name, array in ...}")
-    names: set[str] = set()
-    out = mod
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        mine = {p.name: params[p.name] for p in func.params if p.name in params}
-        names.update(mine)
-        if mine:
-            out = relax.transform.BindParams(gv.name_hint, {
-                k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(v)
-                for k, v in mine.items()})(out)
-    unknown = sorted(set(params) - names)
-    if unknown:
-        raise RelaxTuneError(f"params {unknown} match no parameter of the module's Relax "
-                             "functions; pass the names export_tvm returned")
-    return out
 
 
 def _has_num_input(mod: tvm.IRModule) -> bool:
