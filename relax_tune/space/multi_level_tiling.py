@@ -182,27 +182,42 @@ class LimitRegisterTile(Postproc):
     The loops inside a tiled block's last reduction loop hold the accumulators the inner
     loop updates: their element count, in SIMD registers of the written type, must not
     exceed ``vector_registers - reserved`` (the rest holds the broadcast and loaded
-    operands); otherwise every update spills. Rejected samples are simply redrawn, so this
+    operands); otherwise every update spills. It must not be below ``min_registers`` either
+    (or the block's whole spatial extent, when that is smaller): a single accumulator chain
+    waits on the FMA latency every update. Rejected samples are simply redrawn, so this
     biases random sampling toward sane register tiles without constraining each tile alone.
     """
 
     name = "limit_register_tile"
 
-    def __init__(self, params: TargetParams, reserved: int = 4) -> None:
+    def __init__(self, params: TargetParams, reserved: int = 4, min_registers: int = 4) -> None:
         self.params = params
         self.budget = max(1, params.vector_registers - reserved)
+        self.min_registers = max(1, min(min_registers, self.budget))
 
     def apply(self, sch: Schedule) -> bool:
-        """False when some tiled block's register tile exceeds the budget."""
+        """False when some tiled block's register tile is past the budget or too small."""
         for block in A.collect_blocks(sch):
             if A.is_root(sch, block):
                 continue
             blk = sch.get(block)
             if ANN_TILED not in blk.annotations or blk.init is None and not _updates(blk):
                 continue
-            if self.registers(sch, block) > self.budget:
+            regs = self.registers(sch, block)
+            if regs > self.budget:
+                return False
+            if regs < self.min_registers and regs < self.spatial_registers(sch, block):
                 return False
         return True
+
+    def spatial_registers(self, sch: Schedule, block: SBlockRV) -> int:
+        """SIMD registers the block's whole output would take (the largest possible tile)."""
+        lanes = self.params.lanes(A.write_dtype(sch, block))
+        elems = 1
+        for iv in sch.get(block).iter_vars:
+            if int(iv.iter_type) == A.DATA_PAR:
+                elems *= A._const_int(iv.dom.extent) or 1
+        return -(-elems // lanes)
 
     def registers(self, sch: Schedule, block: SBlockRV) -> int:
         """SIMD registers the accumulators under the block's last reduction loop take."""
