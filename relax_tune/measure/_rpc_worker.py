@@ -26,7 +26,7 @@ _trackers: dict[tuple[str, int], Any] = {}
 
 # Words in an error that mean the connection or the server went away, not the candidate.
 _LOST_MARKERS = ("socket", "connection", "broken pipe", "rpcsessiontimeout", "session has expired",
-                 "closed", "reset by peer", "eof", "cannot request")
+                 "closed", "reset by peer", "eof", "cannot request", "kshutdown", "rpccode::")
 
 
 def _tracker(host: str, port: int) -> Any:
