@@ -117,33 +117,6 @@ def parse_record_line(line: str, known: dict[str, list[tuple[str, list]]]) -> An
         return json.loads(line)
 
 
-def _record_with_checked_insts(obj: Any, workload: Workload) -> TuningRecord:
-    """``TuningRecord.from_json`` for a record whose instruction list (shared with an earlier
-    record of this load) already passed ``check_trace_json``: the rest is checked as it does."""
-    if not (isinstance(obj, list) and len(obj) == 4):
-        raise RelaxTuneError("a tuning record must be [trace, run_secs, target, args_info]")
-    trace_json, run_secs, target, args_info = obj
-    n_insts = len(trace_json[0])
-    decisions = trace_json[1]
-    if type(decisions) is not list:
-        raise RelaxTuneError("a trace must be [instructions, decisions]")
-    for decision in decisions:
-        if not (type(decision) is list and len(decision) == 2
-                and type(decision[0]) is int and 0 <= decision[0] < n_insts):
-            raise RelaxTuneError(f"trace decision {str(decision)[:60]} does not name an "
-                                 "instruction of the trace")
-    if target is not None and not isinstance(target, dict):
-        raise RelaxTuneError(f"the record's target {str(target)[:60]} is not a JSON object")
-    if args_info is not None and not isinstance(args_info, list):
-        raise RelaxTuneError(f"the record's args_info {str(args_info)[:60]} is not a list")
-    try:
-        return TuningRecord(trace_json, workload, run_secs, target, args_info)
-    except (TypeError, ValueError) as err:
-        if isinstance(err, RelaxTuneError):
-            raise
-        raise RelaxTuneError(f"bad tuning record ({err})") from None
-
-
 class JSONDatabase(IndexedDatabase):
     """A database stored in MetaSchedule's JSON layout, loaded on construction.
 
@@ -360,7 +333,7 @@ class JSONDatabase(IndexedDatabase):
         insts = obj[0][0] if isinstance(obj, list) and obj and isinstance(obj[0], list) \
             and obj[0] else None
         if insts is not None and id(insts) in checked:
-            return _record_with_checked_insts(obj, workload)
+            return TuningRecord.from_json(obj, workload, insts_checked=True)
         record = TuningRecord.from_json(obj, workload)
         if type(insts) is list:
             checked.add(id(insts))  # alive as long as the load: ids are not reused

@@ -145,7 +145,13 @@ def check_trace_json(obj: Any) -> None:
             raise RelaxTuneError(f"trace instruction {pos} is not [kind, inputs, attrs, outputs]")
         if not _is_instruction_kind(kind):
             raise RelaxTuneError(f"trace instruction {pos} has unknown kind {kind!r}")
-    n_insts = len(insts)
+    check_decisions_json(decisions, len(insts))
+
+
+def check_decisions_json(decisions: Any, n_insts: int) -> None:
+    """Each decision must be ``[inst_index, value]`` with an index below ``n_insts``."""
+    if type(decisions) is not list:
+        raise RelaxTuneError("a trace must be [instructions, decisions]")
     for decision in decisions:
         if not (type(decision) is list and len(decision) == 2
                 and type(decision[0]) is int and 0 <= decision[0] < n_insts):
@@ -278,15 +284,19 @@ class TuningRecord:
         return [self.trace_json, self.run_secs, self._target_config, self.args_info]
 
     @staticmethod
-    def from_json(obj: Any, workload: Workload) -> TuningRecord:
+    def from_json(obj: Any, workload: Workload, insts_checked: bool = False) -> TuningRecord:
         """Parse a record's JSON value for ``workload`` without replaying its trace.
 
-        The trace's shape is checked (see ``check_trace_json``); a malformed value raises
+        The trace's shape is checked (see ``check_trace_json``; with ``insts_checked`` only
+        its decisions, for an instruction list already checked); a malformed value raises
         RelaxTuneError saying what is wrong with it."""
         if not (isinstance(obj, list) and len(obj) == 4):
             raise RelaxTuneError("a tuning record must be [trace, run_secs, target, args_info]")
         trace_json, run_secs, target, args_info = obj
-        check_trace_json(trace_json)
+        if insts_checked:
+            check_decisions_json(trace_json[1], len(trace_json[0]))
+        else:
+            check_trace_json(trace_json)
         if target is not None and not isinstance(target, dict):
             raise RelaxTuneError(f"the record's target {str(target)[:60]} is not a JSON object")
         if args_info is not None and not isinstance(args_info, list):
