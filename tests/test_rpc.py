@@ -106,7 +106,7 @@ def _kill_when_busy(cluster: LocalRPCCluster, victim, sig: int, log: list) -> th
 def test_server_lost_mid_batch(builder, target, fault):
     """One of two servers is SIGKILLed (or SIGSTOPped: hangs) while both are measuring: its
     candidate is retried on the other one, and every candidate gets a result."""
-    mod = matmul_mod(128)  # untuned: each candidate keeps a server busy for a while
+    mod = matmul_mod(192)  # untuned: ~1 s per candidate, so the kill lands mid-session
     info = utils.args_info(mod)
     arts = [b.artifact_path for b in builder.build(mod, target, [None] * 6)]
     with LocalRPCCluster(n_servers=2, key=f"rt-{fault}") as c:
