@@ -31,6 +31,7 @@ from tvm.s_tir import analysis as s_analysis
 
 from .database import Database, JSONDatabase, TuningRecord, Workload
 from .database.json_database import WORKLOAD_FILE
+from .tune import AppliedLatency
 from .search import candidate_key
 from .utils import RelaxTuneError, target_compatible
 
@@ -43,7 +44,7 @@ _BASELINE_KEY = candidate_key([[], []])  # tune.BASELINE_TRACE: the untuned func
 
 
 @dataclass
-class WorkloadSummary:
+class WorkloadSummary(AppliedLatency):
     """What the database knows about one workload: its trials in order and the best of them.
 
     ``curve[i]`` is the best valid latency (seconds) after trial ``i + 1`` (None before the
@@ -65,19 +66,6 @@ class WorkloadSummary:
     best_record: TuningRecord | None = None
     curve: list[float | None] = field(default_factory=list)
     trial_secs: list[float | None] = field(default_factory=list)
-
-    @property
-    def applied_secs(self) -> float | None:
-        """What ApplyDatabase runs: the faster of the best tuned schedule and the untuned one."""
-        known = [x for x in (self.best_secs, self.baseline_secs) if x]
-        return min(known) if known else None
-
-    @property
-    def speedup(self) -> float | None:
-        """Untuned latency over the applied latency."""
-        if self.applied_secs and self.baseline_secs:
-            return self.baseline_secs / self.applied_secs
-        return None
 
     @property
     def gflops(self) -> float | None:

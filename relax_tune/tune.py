@@ -36,20 +36,12 @@ _BASELINE_MAX_SECS = 1.0
 """A function slower than this per call is timed once, not repeatedly."""
 
 
-@dataclass
-class TaskReport:
-    """What tuning one task produced (also what the demo and the tuning table print)."""
+class AppliedLatency:
+    """What ApplyDatabase will run for a task, from its ``best_secs`` (best tuned schedule)
+    and ``baseline_secs`` (untuned function); shared by TaskReport and the report's rows."""
 
-    task_name: str
-    weight: int
-    flops: float
-    trials: int = 0
-    failures: int = 0
-    best_secs: float | None = None
-    baseline_secs: float | None = None
-    new_trials: int = 0
-    status: str = "tuning"
-    """Why the task stopped: budget, converged, exhausted, too cheap, time, stopped."""
+    best_secs: float | None
+    baseline_secs: float | None
 
     @property
     def applied_secs(self) -> float | None:
@@ -70,6 +62,23 @@ class TaskReport:
         if self.applied_secs and self.baseline_secs:
             return self.baseline_secs / self.applied_secs
         return None
+
+
+
+@dataclass
+class TaskReport(AppliedLatency):
+    """What tuning one task produced (also what the demo and the tuning table print)."""
+
+    task_name: str
+    weight: int
+    flops: float
+    trials: int = 0
+    failures: int = 0
+    best_secs: float | None = None
+    baseline_secs: float | None = None
+    new_trials: int = 0
+    status: str = "tuning"
+    """Why the task stopped: budget, converged, exhausted, too cheap, time, stopped."""
 
     @property
     def gflops(self) -> float | None:

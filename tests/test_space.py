@@ -77,18 +77,9 @@ def elementwise_chain(n=32, m=48):
 @pytest.fixture(scope="module")
 def demo_tasks(target):
     """The demo MLP's PrimFuncs after ``relax.get_pipeline("zero")``, normalised."""
-    from tvm.relax.frontend import nn
+    from relax_tune.demo import demo_model
 
-    class MLP(nn.Module):
-        def __init__(self):
-            self.fc1 = nn.Linear(784, 256)
-            self.relu = nn.ReLU()
-            self.fc2 = nn.Linear(256, 10, bias=False)
-
-        def forward(self, x):
-            return self.fc2(self.relu(self.fc1(x)))
-
-    mod, _ = MLP().export_tvm({"forward": {"x": nn.spec.Tensor((1, 784), "float32")}})
+    mod, _ = demo_model()
     with target:
         low = relax.get_pipeline("zero")(mod)
     return {gv.name_hint: normalize_mod(f) for gv, f in low.functions.items()
