@@ -2,7 +2,7 @@
 the untuned build and (optionally) MetaSchedule, all measured in this one invocation.
 
     python benchmarks/bench_kernels.py --workload matmul conv2d demo --trials 64 256 \
-        --metaschedule 64
+        --metaschedule 64 [--prepack]
 
 Rows: ``numpy/OpenBLAS`` (the reference), ``untuned`` (the function as lowered), ``relax_tune``
 at each trial count (tuning wall time, trials/s), ``metaschedule`` at each ``--metaschedule``
@@ -11,6 +11,11 @@ shared/notes/metaschedule-baseline.md; ``tvm.s_tir.tensor_intrin`` imported befo
 Every kernel is re-timed here (``time_evaluator`` number=10 repeat=5, median; 1x3 for kernels
 slower than 0.1 s) after tuning;
 for ``demo`` the whole VM call is timed (untuned vs the records applied).
+
+``--prepack`` adds ``+pack`` rows: the same kernels tuned with the weight (matmul's B,
+conv2d's kernel) marked layout-free, as a compiled model's constant weights are
+(``cpu_weight_prepack``): the schedule may store it packed, and the packing, done once at
+compile time in a model, is not timed (MetaSchedule's RewriteLayout gets the same marking).
 
 Timing on a small shared machine is noisy: every figure is a median of repeated runs, and the
 ratio to numpy measured in the same run is the number to compare across runs.
@@ -28,7 +33,12 @@ import tvm
 from tvm import te, topi
 
 import relax_tune as rt
+from relax_tune.measure.prepack import packed_args
+from relax_tune.space.layout_rewrite import split_layout_rewrite
 from relax_tune.utils import ensure_tvm_threads, normalize_mod
+
+WEIGHT_ARG = {"matmul": 1, "conv2d": 1}
+"""The argument of each kernel workload that is a model weight (``--prepack``)."""
 
 
 def matmul(n: int = 1024):
@@ -81,6 +91,27 @@ def time_kernel(mod: tvm.IRModule, target, inputs, ref) -> float:
     return float(np.median(timer(*args_).results))
 
 
+def time_scheduled(mod: tvm.IRModule, target, inputs, ref) -> float:
+    """``time_kernel`` for a scheduled workload; when its schedule packs a weight, the
+    packing runs once first and only the kernel on the packed weight is timed."""
+    split = split_layout_rewrite(mod["main"])
+    if split is None:
+        return time_kernel(mod, target, inputs, ref)
+    kernel, pack, plan = split
+    lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main"),
+                                    plan.func: pack.with_attr("global_symbol", plan.func)}),
+                      target).mod
+    dev = tvm.cpu()
+    args_ = [tvm.runtime.tensor(x, dev) for x in inputs]
+    expected = ref(*inputs)
+    args_.append(tvm.runtime.empty(expected.shape, "float32", dev))
+    args_ = packed_args(lib, args_, plan.to_json(), dev)
+    lib["main"](*args_)
+    np.testing.assert_allclose(args_[-1].numpy(), expected, rtol=1e-3, atol=1e-3)
+    timer = lib.time_evaluator("main", dev, number=10, repeat=5)
+    return float(np.median(timer(*args_).results))
+
+
 def metaschedule_kernel(func, target, trials: int, inputs, ref) -> tuple[float, float]:
     """MetaSchedule's best kernel for ``func`` after ``trials`` trials: (seconds, tune wall)."""
     from tvm.s_tir import meta_schedule as ms
@@ -92,7 +123,7 @@ def metaschedule_kernel(func, target, trials: int, inputs, ref) -> tuple[float, 
                          builder=ms.builder.LocalBuilder(initializer=_import_tensor_intrin))
         wall = time.perf_counter() - start
         sch = ms.tir_integration.compile_tir(db, mod, target)
-        return time_kernel(sch.mod, target, inputs, ref), wall
+        return time_scheduled(sch.mod, target, inputs, ref), wall
 
 
 def bench_demo(target, trials_list: list[int], rows: list) -> None:
@@ -145,6 +176,8 @@ def main() -> None:
     parser.add_argument("--trials", nargs="+", type=int, default=[64])
     parser.add_argument("--metaschedule", nargs="*", type=int, default=[],
                         help="MetaSchedule trial counts to run as a baseline (kernels only)")
+    parser.add_argument("--prepack", action="store_true",
+                        help="also tune with the weight layout-free (constant weights)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
@@ -167,21 +200,27 @@ def main() -> None:
         rows.append((name, "numpy/OpenBLAS", "-", np_secs, flops, None))
         untuned = time_kernel(normalize_mod(func), target, inputs, ref)
         rows.append((name, "untuned", "-", untuned, flops, None))
-        for trials in args.trials:
-            with tempfile.TemporaryDirectory() as work_dir:
-                task = rt.extract_tasks(tvm.IRModule({name: func}), target)[0]
-                start = time.perf_counter()
-                report = rt.tune_tasks([task], work_dir, max_trials_global=trials)[0]
-                wall = time.perf_counter() - start
-                # Re-time the applied best kernel here, in the same run as numpy.
-                db = rt.JSONDatabase(work_dir=work_dir)
-                sch = db.query_schedule(normalize_mod(func), target)
-                best = time_kernel(sch.mod, target, inputs, ref)
-                rows.append((name, "relax_tune", trials, best, flops,
-                             (wall, report.new_trials / wall, report.failures)))
-        for trials in args.metaschedule:
-            best, wall = metaschedule_kernel(func, target, trials, inputs, ref)
-            rows.append((name, "metaschedule", trials, best, flops, (wall, trials / wall, 0)))
+        variants = [("", func)]
+        if args.prepack:
+            variants.append(("+pack", func.with_attr("layout_free_buffers",
+                                                     [WEIGHT_ARG[name]])))
+        for suffix, variant in variants:
+            for trials in args.trials:
+                with tempfile.TemporaryDirectory() as work_dir:
+                    task = rt.extract_tasks(tvm.IRModule({name: variant}), target)[0]
+                    start = time.perf_counter()
+                    report = rt.tune_tasks([task], work_dir, max_trials_global=trials)[0]
+                    wall = time.perf_counter() - start
+                    # Re-time the applied best kernel here, in the same run as numpy.
+                    db = rt.JSONDatabase(work_dir=work_dir)
+                    sch = db.query_schedule(normalize_mod(variant), target)
+                    best = time_scheduled(sch.mod, target, inputs, ref)
+                    rows.append((name, "relax_tune" + suffix, trials, best, flops,
+                                 (wall, report.new_trials / wall, report.failures)))
+            for trials in args.metaschedule:
+                best, wall = metaschedule_kernel(variant, target, trials, inputs, ref)
+                rows.append((name, "metaschedule" + suffix, trials, best, flops,
+                             (wall, trials / wall, 0)))
     print()
     print(f"{'workload':<9}{'what':<16}{'trials':>7}{'ms':>11}{'GFLOP/s':>9}{'vs numpy':>9}"
           f"{'tune s':>8}{'trials/s':>9}{'failed':>7}")

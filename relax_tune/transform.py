@@ -303,8 +303,10 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
     time (``params``) or lifted into ``<func>_transform_params``. It needs ``params`` or
     ``lift_transform_params`` (then lifting happens after tuning, as in TVM's
     static_shape_tuning pipeline, so weight-only kernels get tuned too). Records tuned with
-    and without it are separate workloads. relax_tune's CPU space does not rewrite weight
-    layouts yet, so today the flag only marks the buffers and runs the split (a no-op).
+    and without it are separate workloads. The CPU space's ``RewriteLayout`` postprocessor
+    packs each marked weight in the order the tuned loop nest reads it
+    (``relax_tune.space.layout_rewrite``); kernels are measured on packed weights, the
+    packing itself runs once, at compile time (``params``) or in ``<func>_transform_params``.
 
     GPU targets (``cuda``): functions without a tuning record get ``tvm.s_tir.dlight``'s
     default schedules (Matmul, GEMV, Reduction, GeneralReduction, Fallback), so the compiled

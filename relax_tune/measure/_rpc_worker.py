@@ -19,6 +19,7 @@ import tvm
 from tvm import rpc
 from tvm.rpc import base as rpc_base
 
+from . import prepack
 from ._worker import random_inputs
 from .base import short_error
 
@@ -88,12 +89,13 @@ def rpc_run_candidate(tracker_host: str, tracker_port: int, key: str, priority: 
         stage = "load"
         module = sess.load_module(name)
         dev = sess.device(device_type, 0)
-        args = random_inputs(json.loads(args_info_json), dev, seed)
+        inputs = random_inputs(json.loads(args_info_json), dev, seed)
         stage = "warm-up call"
+        args = prepack.packed_args(module, inputs, prepack.read_plan(artifact), dev)
         module["main"](*args)
         dev.sync()
         if fetch:
-            return [a.numpy() if hasattr(a, "numpy") else np.asarray(a) for a in args], \
+            return [a.numpy() if hasattr(a, "numpy") else np.asarray(a) for a in inputs], \
                 None, device, False
         stage = "timing"
         first_eval = module.time_evaluator("main", dev, number=1, repeat=1)
@@ -116,7 +118,7 @@ def rpc_run_candidate(tracker_host: str, tracker_port: int, key: str, priority: 
             except Exception:  # noqa: BLE001 - the server may be gone; nothing to clean then
                 pass
         # release the session: the server serves one session at a time
-        module = args = dev = sess = None  # noqa: F841
+        module = args = inputs = dev = sess = None  # noqa: F841
         gc.collect()
 
 

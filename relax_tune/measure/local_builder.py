@@ -19,7 +19,7 @@ from tvm.s_tir import Trace
 from tvm.support.popen_pool import PopenPoolExecutor
 
 from ..utils import RelaxTuneError, normalize_mod, parse_target, to_plain, trace_to_json
-from . import _worker
+from . import _worker, prepack
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, Builder, BuildResult, logger, short_error,
                    worker_import_error, worker_output)
 
@@ -100,6 +100,14 @@ class LocalBuilder(Builder):
                     initargs=(_worker.__name__,),
                     stdout=worker_output(), stderr=worker_output())
             return self._pool
+
+    def start(self) -> None:
+        """Start every worker process now, without waiting (each imports TVM, about a second):
+        called before the first batch, the start-up overlaps other work instead of the
+        first builds."""
+        pool = self.pool
+        for _ in range(self.max_workers):
+            pool.submit(os.getpid)
 
     def _artifact_path(self, digest: str) -> str:
         name = f"{digest[:12]}_{self._session}_{next(self._counter):06d}.so"
@@ -182,6 +190,7 @@ class LocalBuilder(Builder):
         for path in artifacts:
             if path and os.path.dirname(os.path.abspath(path)) == root:
                 self._remove(path)
+                prepack.remove_plan(path)
 
     def shutdown(self) -> None:
         """Stop the worker processes and, if the builder created its artifact directory,

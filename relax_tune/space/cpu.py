@@ -9,6 +9,7 @@ from .inline import AutoInline
 from .multi_level_tiling import LimitRegisterTile, MultiLevelTiling
 from .parallel_vectorize_unroll import ParallelVectorizeUnroll, RewriteParallelVectorizeUnroll
 from .params import TargetParams
+from .layout_rewrite import RewriteLayout
 from .postproc import RewriteReductionBlock
 from .compute_location import RandomComputeLocation
 from .rfactor import AddRFactor
@@ -32,9 +33,10 @@ def cpu_rules(params: TargetParams) -> list[ScheduleRule]:
 def cpu_postprocs(params: TargetParams) -> list[Postproc]:
     """The CPU postprocessors, in order: loop kinds and unroll pragmas first, then the
     reduction inits are decomposed out of the reduction loops, then register tiles that
-    cannot fit the target's SIMD registers are rejected."""
+    cannot fit the target's SIMD registers are rejected, and last the layout-free weights
+    (``layout_free_buffers``) are packed in the order the final loop nest reads them."""
     return [RewriteParallelVectorizeUnroll(params), RewriteReductionBlock(),
-            LimitRegisterTile(params)]
+            LimitRegisterTile(params), RewriteLayout()]
 
 
 def cpu_space(target: tvm.target.Target, params: TargetParams) -> SpaceGenerator:

@@ -1,0 +1,148 @@
+"""Layout rewrite of constant weights: candidates that pack a weight compute the right
+answer through the measurement path (packing once, then the kernel), and the "relax_tune"
+pipeline folds the packing into the weights at compile time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, te, tirx, topi
+
+import relax_tune as rt
+from relax_tune.measure import LocalBuilder, LocalRunner
+from relax_tune.measure import prepack
+from relax_tune.models import get_model, model_inputs, split_inputs
+from relax_tune.search import ReplaySearch
+from relax_tune.space.layout_rewrite import (PREPROC_ANNOTATION, has_layout_rewrite,
+                                             split_layout_rewrite)
+from relax_tune.utils import args_info, normalize_mod
+
+N_CANDIDATES = 8
+
+
+def _ph(shape, name):
+    return te.placeholder(shape, "float32", name=name)
+
+
+def _weighted(tensors, free):
+    return normalize_mod(te.create_prim_func(list(tensors)).with_attr("layout_free_buffers",
+                                                                      free))
+
+
+def matmul():
+    a, b = _ph((64, 96), "A"), _ph((96, 80), "B")
+    return _weighted([a, b, topi.matmul(a, b)], [1]), lambda x, y: x @ y
+
+
+def dense_bias_relu():
+    x, w, bias = _ph((16, 64), "X"), _ph((48, 64), "W"), _ph((48,), "bias")
+    y = topi.nn.relu(topi.add(topi.nn.dense(x, w), bias))
+    return _weighted([x, w, bias, y], [1, 2]), lambda u, v, c: np.maximum(u @ v.T + c, 0)
+
+
+def conv2d():
+    x, w = _ph((1, 8, 12, 12), "X"), _ph((16, 8, 3, 3), "W")
+
+    def ref(u, v):
+        up = np.pad(u, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        win = np.lib.stride_tricks.sliding_window_view(up, (3, 3), axis=(2, 3))
+        return np.einsum("ncyxij,fcij->nfyx", win, v)
+
+    return _weighted([x, w, topi.nn.conv2d_nchw(x, w, 1, 1, 1)], [1]), ref
+
+
+WORKLOADS = {f.__name__: f for f in (matmul, dense_bias_relu, conv2d)}
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_packed_candidates_match_numpy_through_the_runner(name, target, tmp_path):
+    mod, ref = WORKLOADS[name]()
+    cands = ReplaySearch(mod, target, seed=7).next_candidates(N_CANDIDATES)
+    assert len(cands) == N_CANDIDATES
+    assert all(has_layout_rewrite(c.sch.mod["main"]) for c in cands)
+    info = args_info(mod)
+    with LocalBuilder(artifact_dir=str(tmp_path)) as builder, LocalRunner() as runner:
+        builds = builder.build(mod, target, [c.trace_json for c in cands])
+        assert all(b.ok for b in builds), [b.error for b in builds]
+        # every packed candidate is built as kernel + packing function with a plan beside it
+        assert all(prepack.read_plan(b.artifact_path) for b in builds)
+        for cand, build in zip(cands, builds):
+            arrays = runner.run_and_fetch(build.artifact_path, info, target, seed=3)
+            np.testing.assert_allclose(arrays[-1], ref(*arrays[:-1]), rtol=1e-4, atol=1e-5,
+                                       err_msg=str(cand.sch.trace))
+        timed = runner.run([b.artifact_path for b in builds[:2]], info, target)
+        assert all(r.ok for r in timed), [r.error for r in timed]
+        builder.discard([b.artifact_path for b in builds])
+        assert not any(p.endswith(prepack.SUFFIX) for p in map(str, tmp_path.iterdir()))
+
+
+def test_the_packed_weight_is_read_in_the_kernels_own_order(target):
+    mod, _ = matmul()
+    cand = ReplaySearch(mod, target, seed=11).next_candidates(1)[0]
+    kernel, pack, plan = split_layout_rewrite(cand.sch.mod["main"])
+    assert plan.args == [1]
+    packed = kernel.params[1]
+    assert len(packed.shape) > 2  # tiled: the weight becomes a blocked, higher-rank array
+    assert [int(d) for d in packed.shape] == plan.shapes[0]
+    assert np.prod(plan.shapes[0]) == 96 * 80  # a permutation of the weight, nothing padded
+    assert not has_layout_rewrite(kernel) and PREPROC_ANNOTATION not in kernel.script()
+
+
+def test_functions_without_layout_free_buffers_are_not_packed(target):
+    a, b = _ph((64, 96), "A"), _ph((96, 80), "B")
+    mod = normalize_mod(te.create_prim_func([a, b, topi.matmul(a, b)]))
+    cands = ReplaySearch(mod, target, seed=7).next_candidates(4)
+    assert cands and not any(has_layout_rewrite(c.sch.mod["main"]) for c in cands)
+
+
+def _untuned(mod, target, arrays):
+    vm = relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu())
+    return vm["forward"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+
+def test_pipeline_prepacks_bound_weights_at_compile_time(target, tmp_path):
+    mod, _ = get_model("mlp")
+    arrays = model_inputs(mod)
+    inputs, weights = split_inputs(mod, arrays)
+    work_dir = str(tmp_path)
+    pipe = relax.get_pipeline("relax_tune", target=target, work_dir=work_dir,
+                              max_trials_global=6, num_trials_per_iter=3, params=weights,
+                              cpu_weight_prepack=True)
+    vm = relax.VirtualMachine(tvm.compile(mod, target, relax_pipeline=pipe), tvm.cpu())
+    got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+    np.testing.assert_allclose(got, _untuned(mod, target, arrays), rtol=1e-4, atol=1e-4)
+    # the tuned records pack weights, and after the database is applied the packing is
+    # split out of the kernels and folded into constants: no packing call is left
+    records = rt.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
+    assert any("transform_layout" in str(r.trace) for r in records)
+    with target:
+        lowered = tvm.transform.Sequential(rt.transform.lowering_passes(
+            target, cpu_weight_prepack=True))(rt.transform.bind_params(mod, weights))
+        applied = tvm.transform.Sequential([
+            rt.ApplyDatabase(work_dir=work_dir), relax.transform.SplitLayoutRewritePreproc(),
+            relax.transform.FoldConstant()])(lowered)
+    names = [gv.name_hint for gv, f in applied.functions.items()]
+    prepacked = [n for n in names if n.endswith("_prepacked")]
+    assert prepacked, names
+    assert [n for n in names if n.endswith("_weight_prepack")], names
+    forward = applied["forward"].script()
+    assert "_prepacked" in forward and "_weight_prepack" not in forward  # folded away
+
+
+def test_pipeline_prepacks_lifted_weights_in_transform_params(target, tmp_path):
+    mod, _ = get_model("mlp")
+    work_dir = str(tmp_path)
+    arrays = model_inputs(mod, seed=1)
+    inputs, weights = split_inputs(mod, arrays)
+    pipe = relax.get_pipeline("relax_tune", target=target, work_dir=work_dir,
+                              max_trials_global=6, num_trials_per_iter=3,
+                              lift_transform_params=True, cpu_weight_prepack=True)
+    vm = relax.VirtualMachine(tvm.compile(mod, target, relax_pipeline=pipe), tvm.cpu())
+    for seed in (1, 2):
+        arrays = model_inputs(mod, seed=seed)
+        inputs, weights = split_inputs(mod, arrays)
+        packed = vm["forward_transform_params"]([tvm.runtime.tensor(w)
+                                                 for w in weights.values()])
+        got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs], *packed).numpy()
+        np.testing.assert_allclose(got, _untuned(mod, target, arrays), rtol=1e-4, atol=1e-4)
