@@ -19,7 +19,8 @@ from tvm.s_tir import analysis as s_analysis
 from .database import Database, JSONDatabase, TuningRecord
 from .cost_model import cost_model_dir, make_cost_model
 from .extract import ExtractedTask, extract_tasks
-from .measure import LocalBuilder, LocalRunner
+from .measure import LocalBuilder, LocalRunner, MeasureError, RunResult
+from .measure.base import ERROR_CRASHED, ERROR_TIMEOUT
 from .measure.verify import CorrectnessChecker
 from .progress import Progress
 from .scheduler import TaskProgress, TaskScheduler, make_scheduler
@@ -33,7 +34,11 @@ BASELINE_TRACE: list = [[], []]
 BASELINE_KEY = candidate_key(BASELINE_TRACE)
 
 _BASELINE_MAX_SECS = 1.0
-"""A function slower than this per call is timed once, not repeatedly."""
+"""A candidate slower than this per call is timed once, not repeatedly."""
+_BASELINE_ONE_CALL_SECS = 0.1
+"""An untuned function slower than this per call is timed by one call (it is a baseline for
+the speedup, not a candidate to rank); with the correctness check on, that call also gives
+the check its reference outputs, so the untuned function runs once, not twice."""
 
 
 class AppliedLatency:
@@ -187,11 +192,14 @@ def tune_tasks(
     progress = Progress(remaining, os.path.join(work_dir, "logs") if work_dir else None,
                         enable_bar=progress_bar)
     deadline = None if max_time is None else time.monotonic() + max_time
+    for part in (builder, runner):  # worker start-up overlaps the first build
+        if remaining > 0 and hasattr(part, "start"):
+            part.start()
     try:
         if measure_baseline and remaining > 0:
             for st in states:
                 if BASELINE_KEY not in st.measured:
-                    _measure(st, [None], db, builder, runner)
+                    _measure(st, [None], db, builder, runner, checker)
         _prioritise(states, min_task_share, per_task)
         rounds_since_table = 0
         while remaining > 0:
@@ -319,7 +327,11 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
     # (or past a second: such a kernel is timed well enough by one call).
     max_secs = _BASELINE_MAX_SECS if best is None else min(max(2 * best, 1e-3),
                                                            _BASELINE_MAX_SECS)
-    runs = runner.run([b.artifact_path for b in builds], info, task.target, max_secs=max_secs)
+    if traces == [None]:
+        runs = [_time_baseline(task.target, info, builds[0].artifact_path, runner, checker)]
+    else:
+        runs = runner.run([b.artifact_path for b in builds], info, task.target,
+                          max_secs=max_secs)
     if checker is not None and None not in traces:  # wrong would-be bests become failures
         runs = checker.screen(report.task_name, task.mod, task.target, info,
                               [b.artifact_path for b in builds], runs, report.best_secs)
@@ -348,6 +360,24 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
         st.best_history.append(report.best_secs or float("inf"))
     if measured_cands:
         st.search.update(measured_cands, measured_secs)
+
+
+def _time_baseline(target, info: list, artifact: str | None, runner: LocalRunner,
+                   checker: CorrectnessChecker | None) -> RunResult:
+    """Time the untuned function: one call on the check's inputs when it is slow (the call
+    also gives the correctness check its reference), else the runner's usual timing."""
+    fetch = getattr(runner, "time_and_fetch", None)
+    if artifact is not None and checker is not None and fetch is not None:
+        try:
+            secs = fetch(artifact, info, target, seed=checker.seed)
+        except MeasureError as err:
+            if str(err) in (ERROR_TIMEOUT, ERROR_CRASHED):  # would only happen again
+                return RunResult(None, str(err))
+            logger.debug("untuned function failed its first call: %s", err)  # timed below
+        else:
+            if secs > _BASELINE_ONE_CALL_SECS:
+                return RunResult([secs], None)
+    return runner.run([artifact], info, target, max_secs=_BASELINE_ONE_CALL_SECS)[0]
 
 
 def tune_tir(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
+import os
 import threading
+import time
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -17,6 +21,26 @@ from .base import (ERROR_CRASHED, ERROR_TIMEOUT, MeasureError, Runner, RunResult
                    short_error, worker_import_error, worker_output)
 
 _DEFAULT_SEED = 42
+_MIN_CUT_SECS = 1e-3
+"""Never cut a candidate whose warm-up call is under this: short calls carry one-off costs."""
+_MAX_MEMO_BYTES = 256 << 20
+"""Outputs of ``time_and_fetch`` kept for later ``run_and_fetch`` calls, at most this much."""
+
+
+def _time_and_fetch(artifact: str, args_info_json: str, device_type: int, device_id: int,
+                    seed: int) -> tuple[float, list[np.ndarray] | None, str | None]:
+    """Runs in the runner's worker: ``_worker.fetch_outputs`` and the seconds it took."""
+    start = time.perf_counter()
+    arrays, error = _worker.fetch_outputs(artifact, args_info_json, device_type, device_id, seed)
+    return time.perf_counter() - start, arrays, error
+
+
+def _file_digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
 
 
 class LocalRunner(Runner):
@@ -27,7 +51,9 @@ class LocalRunner(Runner):
     ``args_info`` (seeded random data, cached in the worker), makes one warm-up call and then
     calls ``time_evaluator("main", dev, number, repeat, min_repeat_ms)``. A candidate whose
     full measurement would not fit in ``timeout_sec`` (judged from the warm-up call) keeps the
-    warm-up time as its single ``run_secs`` entry instead of timing out. A candidate that
+    warm-up time as its single ``run_secs`` entry instead of timing out; so does one whose
+    warm-up call is over ``max_secs`` (see ``run``), a limit that tightens to ``slow_ratio``
+    times the fastest candidate of the batch so far. A candidate that
     cannot be loaded, raises, segfaults or runs past ``timeout_sec`` gets a failed
     ``RunResult``; the worker is replaced if it died and the next candidate is timed.
 
@@ -35,25 +61,35 @@ class LocalRunner(Runner):
         timeout_sec: time limit per candidate (load + warm-up + timing), in seconds.
         number: calls averaged into one measurement.
         repeat: measurements per candidate (the length of ``run_secs``).
-        min_repeat_ms: minimum duration of one measurement; ``number`` grows to reach it.
+        min_repeat_ms: minimum duration of one measurement; ``number`` grows to reach it
+            (5 ms: a microsecond kernel is otherwise timed by a few calls, all timer noise;
+            kernels of 2 ms and more are unaffected).
         enable_cpu_cache_flush: flush the CPU caches before every call
             (``cache_flush_cpu_non_first_arg``, CPU targets only).
+        slow_ratio: within a batch run with ``max_secs``, a candidate whose warm-up call
+            takes more than this many times the batch's fastest candidate so far is not
+            timed further (its warm-up time is its measurement); 0 turns this off.
     """
 
     def __init__(self, timeout_sec: float = 30.0, number: int = 3, repeat: int = 3,
-                 min_repeat_ms: int = 0, enable_cpu_cache_flush: bool = False) -> None:
+                 min_repeat_ms: int = 5, enable_cpu_cache_flush: bool = False,
+                 slow_ratio: float = 2.0) -> None:
         if timeout_sec <= 0:
             raise RelaxTuneError(f"timeout_sec must be positive, not {timeout_sec}")
         if number < 1 or repeat < 1:
             raise RelaxTuneError(f"number and repeat must be at least 1, not {number}, {repeat}")
         if min_repeat_ms < 0:
             raise RelaxTuneError(f"min_repeat_ms must not be negative, not {min_repeat_ms}")
+        if slow_ratio < 0 or 0 < slow_ratio <= 1:
+            raise RelaxTuneError(f"slow_ratio must be 0 (off) or above 1, not {slow_ratio}")
         self.timeout_sec = float(timeout_sec)
         self.number = int(number)
         self.repeat = int(repeat)
         self.min_repeat_ms = int(min_repeat_ms)
         self.enable_cpu_cache_flush = bool(enable_cpu_cache_flush)
+        self.slow_ratio = float(slow_ratio)
         self.seed = _DEFAULT_SEED
+        self._memo: OrderedDict[tuple[str, str, int], list[np.ndarray]] = OrderedDict()
         self._pool: PopenPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -72,6 +108,11 @@ class LocalRunner(Runner):
                     stdout=worker_output(), stderr=worker_output())
             return self._pool
 
+    def start(self) -> None:
+        """Start the worker process now, without waiting (it imports TVM, about a second),
+        so that its start-up overlaps the first builds."""
+        self.pool.submit(os.getpid)
+
     @staticmethod
     def _device_of(target: tvm.target.Target) -> tuple[int, int]:
         return int(target.get_target_device_type()), 0
@@ -89,6 +130,9 @@ class LocalRunner(Runner):
             max_secs: when the single warm-up call of a candidate takes longer than this,
                 the candidate is not timed further and ``run_secs`` is that one time. The
                 same happens when the full measurement would not fit in ``timeout_sec``.
+                With ``slow_ratio`` the limit then drops, candidate by candidate, to
+                ``slow_ratio`` times the fastest one measured so far in this batch (never
+                below 1 ms). None: every candidate is timed in full.
 
         Returns one ``RunResult`` per artifact, in order; never raises for a candidate.
         """
@@ -103,12 +147,15 @@ class LocalRunner(Runner):
                            max_secs, self.timeout_sec)
         info_json = json.dumps(args_info)
         results: list[RunResult] = []
+        limit = max_secs
         for artifact in artifacts:
             if artifact is None:
                 results.append(RunResult(None, "not built"))
                 continue
-            results.append(self._run_one(artifact, info_json, device_type, device_id,
-                                         flush, max_secs))
+            result = self._run_one(artifact, info_json, device_type, device_id, flush, limit)
+            results.append(result)
+            if limit is not None and self.slow_ratio and result.ok:
+                limit = min(limit, max(self.slow_ratio * result.mean_secs, _MIN_CUT_SECS))
         return results
 
     def _run_one(self, artifact: str, info_json: str, device_type: int, device_id: int,
@@ -141,14 +188,22 @@ class LocalRunner(Runner):
         argument afterwards as a numpy array -- the outputs are the written ones. Compare two
         candidates of one workload by calling this with the same seed.
 
+        A library byte-identical to one ``time_and_fetch`` already called (same arguments
+        and seed) is not called again: its remembered outputs are returned.
+
         Raises ``MeasureError`` ("timeout", "worker crashed", or the error's first lines).
         """
+        seed = self.seed if seed is None else int(seed)
+        key = self._memo_key(artifact, args_info, seed)
+        if key is not None and key in self._memo:
+            self._memo.move_to_end(key)
+            return [a.copy() for a in self._memo[key]]
         target = parse_target(target)
         device_type, device_id = self._device_of(target)
         try:
             arrays, error = self.pool.submit(
                 _worker.fetch_outputs, artifact, json.dumps(args_info), device_type, device_id,
-                self.seed if seed is None else int(seed)).result()
+                seed).result()
         except TimeoutError:
             raise MeasureError(ERROR_TIMEOUT) from None
         except ChildProcessError:
@@ -158,6 +213,47 @@ class LocalRunner(Runner):
         if error is not None:
             raise MeasureError(error)
         return arrays
+
+    def time_and_fetch(self, artifact: str, args_info: list, target: Any,
+                       seed: int | None = None) -> float:
+        """``run_and_fetch`` once, in the runner's worker, and return the seconds it took:
+        one call of ``main`` on fresh seeded inputs, plus loading the library, making the
+        inputs and copying the arguments out (a few milliseconds: an upper bound of the
+        call, meant for functions too slow to time repeatedly, such as an untuned one).
+
+        The outputs are remembered, so a later ``run_and_fetch`` of a byte-identical
+        library (same arguments and seed) returns them without calling it again: the
+        untuned function timed this way is also the correctness check's reference.
+
+        Raises ``MeasureError`` ("timeout", "worker crashed", or the error's first lines).
+        """
+        target = parse_target(target)
+        device_type, device_id = self._device_of(target)
+        seed = self.seed if seed is None else int(seed)
+        try:
+            secs, arrays, error = self.pool.submit(
+                _time_and_fetch, artifact, json.dumps(args_info), device_type, device_id,
+                seed).result()
+        except TimeoutError:
+            raise MeasureError(ERROR_TIMEOUT) from None
+        except ChildProcessError:
+            raise MeasureError(ERROR_CRASHED) from None
+        except ImportError as err:
+            raise MeasureError(worker_import_error(err)) from None
+        if error is not None:
+            raise MeasureError(error)
+        key = self._memo_key(artifact, args_info, seed)
+        if key is not None:
+            self._memo[key] = arrays
+            while len(self._memo) > 1 and sum(
+                    a.nbytes for arrs in self._memo.values() for a in arrs) > _MAX_MEMO_BYTES:
+                self._memo.popitem(last=False)
+        return float(secs)
+
+    @staticmethod
+    def _memo_key(artifact: str, args_info: list, seed: int) -> tuple[str, str, int] | None:
+        digest = _file_digest(artifact)
+        return None if digest is None else (digest, json.dumps(args_info), seed)
 
     def shutdown(self) -> None:
         """Stop the worker process. Idempotent."""

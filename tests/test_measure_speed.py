@@ -1,0 +1,127 @@
+"""Tests of what keeps a trial cheap: a batch's slow candidates are cut short once a faster
+one is known (``LocalRunner(slow_ratio=...)``), a slow untuned function runs once for both
+its baseline time and the correctness reference (``time_and_fetch``), workers start early.
+Real kernels on this CPU; only orders of magnitude are relied on (a naive 256^3 matmul is
+tens of times slower than a parallel, vectorised one)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from tvm import te
+from tvm.s_tir import Schedule
+
+import relax_tune as rt
+from relax_tune import utils
+from relax_tune.database import JSONDatabase
+from relax_tune.measure import LocalBuilder, LocalRunner, MeasureError
+
+
+def matmul_mod(n: int):
+    A = te.placeholder((n, n), "float32", name="A")
+    B = te.placeholder((n, n), "float32", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    return utils.normalize_mod(te.create_prim_func([A, B, C]))
+
+
+def fast_trace(mod) -> list:
+    sch = Schedule(mod)
+    i, j, k = sch.get_loops(sch.get_sblock("C"))
+    i0, i1 = sch.split(i, [None, 8])
+    j0, j1 = sch.split(j, [None, 16])
+    sch.reorder(i0, j0, k, i1, j1)
+    sch.parallel(i0)
+    sch.vectorize(j1)
+    return json.loads(json.dumps(utils.trace_to_json(sch.trace)))
+
+
+@pytest.fixture(scope="module")
+def mod256():
+    return matmul_mod(256)
+
+
+@pytest.fixture(scope="module")
+def built(mod256, target):
+    """[fast, untuned (slow)] artifacts of a 256^3 matmul."""
+    with LocalBuilder(max_workers=2) as builder:
+        res = builder.build(mod256, target, [fast_trace(mod256), None])
+        assert all(r.ok for r in res), res
+        yield [r.artifact_path for r in res]
+
+
+def test_slow_candidate_cut_after_a_fast_one(built, mod256, target):
+    info = utils.args_info(mod256)
+    with LocalRunner(number=2, repeat=3) as runner:
+        fast, slow = runner.run(built, info, target, max_secs=10.0)
+        assert fast.ok and len(fast.run_secs) == 3
+        assert slow.ok and len(slow.run_secs) == 1  # its warm-up was over 2x the fast one
+        assert slow.mean_secs > 2 * fast.mean_secs
+        # the limit only drops after a fast candidate: slow first, both are timed in full
+        slow2, fast2 = runner.run(built[::-1], info, target, max_secs=10.0)
+        assert len(slow2.run_secs) == 3 and len(fast2.run_secs) == 3
+        # no max_secs: nothing is cut
+        assert all(len(r.run_secs) == 3 for r in runner.run(built, info, target))
+    with LocalRunner(number=2, repeat=3, slow_ratio=0) as off:
+        assert all(len(r.run_secs) == 3 for r in off.run(built, info, target, max_secs=10.0))
+
+
+def test_slow_ratio_must_be_above_one():
+    with pytest.raises(rt.RelaxTuneError, match="slow_ratio"):
+        LocalRunner(slow_ratio=0.5)
+
+
+def test_time_and_fetch_remembers_outputs(built, mod256, target, tmp_path):
+    info = utils.args_info(mod256)
+    copy = str(tmp_path / "same_bytes.so")
+    shutil.copy(built[1], copy)
+    runner = LocalRunner()
+    runner.start()
+    try:
+        secs = runner.time_and_fetch(built[1], info, target, seed=7)
+        assert secs > 0
+        fresh = runner.run_and_fetch(built[0], info, target, seed=7)  # another library: runs
+        a, b, c = fresh
+        np.testing.assert_allclose(c, a @ b, rtol=1e-3, atol=1e-3)
+        with pytest.raises(MeasureError):
+            runner.time_and_fetch(str(tmp_path / "missing.so"), info, target)
+    finally:
+        runner.shutdown()
+    # the worker is gone: a byte-identical copy is answered from what time_and_fetch kept
+    remembered = runner.run_and_fetch(copy, info, target, seed=7)
+    for x, y in zip(remembered, fresh):
+        np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-3)
+    with pytest.raises(RuntimeError, match="shut down"):  # a different seed is not kept
+        runner.run_and_fetch(copy, info, target, seed=8)
+
+
+def test_slow_untuned_function_is_called_once(target, tmp_path):
+    """512^3 untuned takes well over 0.1 s here: its baseline is one call, and that call is
+    the correctness reference too (the check never calls the untuned function again)."""
+    mod = matmul_mod(512)
+    calls: list[str] = []
+
+    class Counting(LocalRunner):
+        def time_and_fetch(self, *args, **kwargs):
+            calls.append("time_and_fetch")
+            return super().time_and_fetch(*args, **kwargs)
+
+        def run(self, artifacts, *args, **kwargs):
+            calls.extend(["run"] * len(artifacts))
+            return super().run(artifacts, *args, **kwargs)
+
+    task = rt.extract_tasks(mod, target)[0]
+    with Counting() as runner:
+        rt.tune_tasks([task], str(tmp_path), max_trials_global=2, num_trials_per_iter=2,
+                      runner=runner, progress_bar=False)
+        assert runner._memo, "the untuned outputs were not kept for the check"
+    db = JSONDatabase(work_dir=str(tmp_path))
+    records = db.get_records(db.commit_workload(task.mod))
+    base = [r for r in records if not r.trace_json[0]]
+    assert len(base) == 1 and base[0].is_valid and len(base[0].run_secs) == 1
+    assert base[0].run_secs[0] > 0.1
+    assert calls[0] == "time_and_fetch" and calls.count("time_and_fetch") == 1
+    assert calls.count("run") == 2  # the two candidates; the baseline is not run again
