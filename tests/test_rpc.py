@@ -73,6 +73,25 @@ def test_runs_spread_over_both_servers_and_match_local(cluster, builder, target)
     assert cluster.free() == 2  # every session released
 
 
+def test_packed_weight_candidates_run_remotely(cluster, builder, target):
+    """A candidate that packs its weight: the RPC runner packs once on the server, times
+    the kernel, and fetches outputs equal to numpy's on the original-layout inputs."""
+    from relax_tune.measure.prepack import read_plan
+    from relax_tune.search import ReplaySearch
+
+    mod = utils.normalize_mod(matmul_mod(64)["main"].with_attr("layout_free_buffers", [1]))
+    cand = ReplaySearch(mod, target, seed=3).next_candidates(1)[0]
+    art = builder.build(mod, target, [cand.trace_json])[0].artifact_path
+    assert read_plan(art) is not None  # built as kernel + packing function
+    info = utils.args_info(mod)
+    with RPCRunner(cluster.tracker, cluster.key, session_timeout_sec=60) as runner:
+        result = runner.run([art], info, target)[0]
+        assert result.ok, result.error
+        a, b, c = runner.run_and_fetch(art, info, target, seed=5)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-5)
+    assert cluster.free() == 2
+
+
 def test_tuning_completes_through_rpc(cluster, builder, target, tmp_path):
     mod = matmul_mod(32)
     tasks = extract_tasks(mod, target)
