@@ -125,3 +125,15 @@ def test_slow_untuned_function_is_called_once(target, tmp_path):
     assert base[0].run_secs[0] > 0.1
     assert calls[0] == "time_and_fetch" and calls.count("time_and_fetch") == 1
     assert calls.count("run") == 2  # the two candidates; the baseline is not run again
+
+
+def test_candidate_near_the_cut_gets_single_call_repeats(built, mod256, target):
+    """slow_ratio 1000, near_ratio 1: the untuned one is far under the cut but over the
+    best known (max_secs / slow_ratio): it is timed by `repeat` single calls, not cut."""
+    info = utils.args_info(mod256)
+    with LocalRunner(number=50, repeat=3, slow_ratio=1000, near_ratio=1) as runner:
+        fast, slow = runner.run(built, info, target, max_secs=1.0)
+        assert fast.ok and len(fast.run_secs) == 3
+        assert slow.ok and len(slow.run_secs) == 3 and slow.mean_secs > fast.mean_secs
+    with pytest.raises(rt.RelaxTuneError, match="near_ratio"):
+        LocalRunner(near_ratio=0.5)

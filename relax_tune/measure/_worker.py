@@ -175,12 +175,15 @@ def _device(device_type: int, device_id: int) -> Any:
 
 def run_candidate(artifact: str, args_info_json: str, device_type: int, device_id: int,
                   number: int, repeat: int, min_repeat_ms: int, cache_flush: bool,
-                  max_secs: float | None, budget_secs: float, seed: int
+                  max_secs: float | None, budget_secs: float, seed: int,
+                  short_secs: float | None = None
                   ) -> tuple[list[float] | None, str | None]:
     """Load ``artifact`` and time its ``main`` on the device with the runtime's time
     evaluator. A single warm-up call goes first; when it alone takes longer than
     ``max_secs``, or the full measurement would not fit in ``budget_secs``, that one time is
-    returned instead. Returns ``(run_secs, None)`` or ``(None, error)``."""
+    returned instead; when it takes longer than ``short_secs`` (a candidate unlikely to be
+    the best), each of the ``repeat`` measurements is one call (``number`` 1).
+    Returns ``(run_secs, None)`` or ``(None, error)``."""
     start = time.perf_counter()
     stage = "load"
     try:
@@ -196,6 +199,8 @@ def run_candidate(artifact: str, args_info_json: str, device_type: int, device_i
         first = time.perf_counter() - t0
         if max_secs is not None and first > max_secs:
             return [first], None
+        if short_secs is not None and first > short_secs:
+            number = 1
         remaining = budget_secs - (time.perf_counter() - start)
         projected = repeat * max(number * first, min_repeat_ms / 1e3) * 1.1 + 0.05
         if projected > 0.9 * remaining:  # would time out: keep what we have

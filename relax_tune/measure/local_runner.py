@@ -69,11 +69,17 @@ class LocalRunner(Runner):
         slow_ratio: within a batch run with ``max_secs``, a candidate whose warm-up call
             takes more than this many times the batch's fastest candidate so far is not
             timed further (its warm-up time is its measurement); 0 turns this off.
+        near_ratio: within a batch run with ``max_secs``, a candidate whose warm-up call
+            is over this many times the best time known (``max_secs / slow_ratio``, or the
+            batch's fastest so far) is timed by ``repeat`` single calls instead of
+            ``repeat`` x ``number``: it is unlikely to be the best, and a few calls rank it
+            well enough. 0 turns this off (every candidate under the cut gets the full
+            measurement).
     """
 
     def __init__(self, timeout_sec: float = 30.0, number: int = 3, repeat: int = 3,
                  min_repeat_ms: int = 5, enable_cpu_cache_flush: bool = False,
-                 slow_ratio: float = 2.0) -> None:
+                 slow_ratio: float = 2.0, near_ratio: float = 1.25) -> None:
         if timeout_sec <= 0:
             raise RelaxTuneError(f"timeout_sec must be positive, not {timeout_sec}")
         if number < 1 or repeat < 1:
@@ -82,12 +88,15 @@ class LocalRunner(Runner):
             raise RelaxTuneError(f"min_repeat_ms must not be negative, not {min_repeat_ms}")
         if slow_ratio < 0 or 0 < slow_ratio <= 1:
             raise RelaxTuneError(f"slow_ratio must be 0 (off) or above 1, not {slow_ratio}")
+        if near_ratio < 0 or 0 < near_ratio < 1:
+            raise RelaxTuneError(f"near_ratio must be 0 (off) or at least 1, not {near_ratio}")
         self.timeout_sec = float(timeout_sec)
         self.number = int(number)
         self.repeat = int(repeat)
         self.min_repeat_ms = int(min_repeat_ms)
         self.enable_cpu_cache_flush = bool(enable_cpu_cache_flush)
         self.slow_ratio = float(slow_ratio)
+        self.near_ratio = float(near_ratio)
         self.seed = _DEFAULT_SEED
         self._memo: OrderedDict[tuple[str, str, int], list[np.ndarray]] = OrderedDict()
         self._pool: PopenPoolExecutor | None = None
@@ -152,20 +161,25 @@ class LocalRunner(Runner):
             if artifact is None:
                 results.append(RunResult(None, "not built"))
                 continue
-            result = self._run_one(artifact, info_json, device_type, device_id, flush, limit)
+            short = None
+            if limit is not None and self.slow_ratio and self.near_ratio:
+                short = max(self.near_ratio * limit / self.slow_ratio, _MIN_CUT_SECS)
+            result = self._run_one(artifact, info_json, device_type, device_id, flush, limit,
+                                   short)
             results.append(result)
             if limit is not None and self.slow_ratio and result.ok:
                 limit = min(limit, max(self.slow_ratio * result.mean_secs, _MIN_CUT_SECS))
         return results
 
     def _run_one(self, artifact: str, info_json: str, device_type: int, device_id: int,
-                 flush: bool, max_secs: float | None) -> RunResult:
+                 flush: bool, max_secs: float | None,
+                 short_secs: float | None = None) -> RunResult:
         pool = self.pool
         try:
             run_secs, error = pool.submit(
                 _worker.run_candidate, artifact, info_json, device_type, device_id,
                 self.number, self.repeat, self.min_repeat_ms, flush, max_secs,
-                self.timeout_sec, self.seed).result()
+                self.timeout_sec, self.seed, short_secs).result()
         except TimeoutError:
             logger.info("run timed out after %.1f s: %s", self.timeout_sec, artifact)
             return RunResult(None, ERROR_TIMEOUT)
