@@ -91,7 +91,9 @@ def run_demo(work_dir: str, max_trials_global: int = 64, target=None,
     weights = {name: arr for (name, _), arr in zip(params, inputs[1:])}
     with target:
         untuned = relax.get_pipeline("zero")(mod)
-        lowered = tvm.transform.Sequential(lowering_passes(target))(bind_params(mod, weights))
+        # as the pipeline lowers it with params: on CPU the weights are marked layout-free
+        lowered = tvm.transform.Sequential(lowering_passes(
+            target, cpu_weight_prepack=target.kind.name == "llvm"))(bind_params(mod, weights))
     tasks = extract_tasks(lowered, target)
     out(f"relax_tune demo: {len(tasks)} tasks "
         f"({', '.join(t.task_name for t in tasks)}) on {target}; weights bound, so the "

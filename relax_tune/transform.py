@@ -231,7 +231,8 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
     A model lowered with them (inside ``with target:``, after ``bind_params`` when the
     pipeline gets ``params``) has exactly the tasks the pipeline tunes and applies, so tuning
     it separately (``relax-tune tune``) fills the database the pipeline then uses. The two
-    flags mean what they mean in ``relax_tune_pipeline``."""
+    flags mean what they mean in ``relax_tune_pipeline`` (whose ``cpu_weight_prepack`` is on
+    by default for llvm targets given ``params``: lower such a model with it on too)."""
     return [
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
@@ -268,7 +269,8 @@ def _gpu_default_schedule() -> tvm.transform.Pass:
 def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
                         max_trials_global: int = 64, max_trials_per_task: int | None = None,
                         op_names: Sequence[str] | None = None, params: dict | None = None,
-                        lift_transform_params: bool = False, cpu_weight_prepack: bool = False,
+                        lift_transform_params: bool = False,
+                        cpu_weight_prepack: bool | None = None,
                         **tune_kwargs) -> tvm.transform.Pass:
     """The "relax_tune" pipeline: prepare the weights, lower, tune, apply the database,
     finish the build pipeline. Use it as the ``relax_pipeline`` of ``tvm.compile``::
@@ -296,7 +298,8 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
     - neither (default): the module's signature is unchanged and weight transposes run on
       every call, as in TVM's static_shape_tuning pipeline.
 
-    ``cpu_weight_prepack=True`` marks weights as layout-free buffers before tuning (TVM's
+    ``cpu_weight_prepack`` (default: on for ``llvm`` targets when ``params`` are given, off
+    otherwise) marks weights as layout-free buffers before tuning (TVM's
     ``AttachAttrLayoutFreeBuffers``), so schedules may rewrite a weight's layout; after the
     database is applied, ``SplitLayoutRewritePreproc`` moves every block annotated
     ``meta_schedule.layout_rewrite_preproc`` out of the kernel, and it is folded at compile
@@ -322,6 +325,8 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = parse_target(target)
         backend = _backend(tgt)
+        prepack = (bool(params) and tgt.kind.name == "llvm" if cpu_weight_prepack is None
+                   else cpu_weight_prepack)
         if params:
             mod = bind_params(mod, params)
         lift = lift_transform_params and _has_num_input(mod)
@@ -333,13 +338,13 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
             # With prepacking, lift once after the layout rewrites are split out (TVM's
             # order): lifting twice would clash on the <func>_transform_params name.
             mod = tvm.transform.Sequential(
-                lowering_passes(tgt, lift and not cpu_weight_prepack, cpu_weight_prepack))(mod)
+                lowering_passes(tgt, lift and not prepack, prepack))(mod)
             if max_trials_global > 0:
                 TuneIRMod(work_dir=work_dir, max_trials_global=max_trials_global,
                           max_trials_per_task=max_trials_per_task, op_names=op_names,
                           **tune_kwargs)(_without_transform_params(mod))
             post = [ApplyDatabase(work_dir=work_dir)]
-            if cpu_weight_prepack:
+            if prepack:
                 post += [relax.transform.SplitLayoutRewritePreproc(),
                          *([relax.transform.LiftTransformParams()] if lift else []),
                          relax.transform.FoldConstant()]
