@@ -26,6 +26,8 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import Schedule
 
+from ..space.layout_rewrite import PREPROC_ANNOTATION
+
 logger = logging.getLogger("relax_tune.cost_model")
 
 FEATURE_VERSION = 1
@@ -130,6 +132,8 @@ def _walk(stmt: Any, loops: list[_Loop], out: list[_Store]) -> None:
         return
     if isinstance(stmt, tvm.s_tir.SBlockRealize):
         blk = stmt.block
+        if PREPROC_ANNOTATION in blk.annotations:
+            return  # weight packing: runs once at compile time, never timed
         bindings = list(zip([iv.var for iv in blk.iter_vars], list(stmt.iter_values)))
         for part in (blk.init, blk.body):
             if isinstance(part, tirx.BufferStore):
