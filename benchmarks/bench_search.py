@@ -66,6 +66,13 @@ class TimedRunner(LocalRunner):
         finally:
             self.spent += time.perf_counter() - start
 
+    def time_and_fetch(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return super().time_and_fetch(*args, **kwargs)
+        finally:
+            self.spent += time.perf_counter() - start
+
 
 def records_in_order(work_dir: str) -> list[tuple[list, float]]:
     """(trace_json, mean run secs) of every tuning record in commit order, baselines left out
