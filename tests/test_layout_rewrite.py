@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, te, tirx, topi
+from tvm import relax, te, topi
 
 import relax_tune as rt
 from relax_tune.measure import LocalBuilder, LocalRunner
@@ -17,6 +17,8 @@ from relax_tune.search import ReplaySearch
 from relax_tune.space.layout_rewrite import (PREPROC_ANNOTATION, has_layout_rewrite,
                                              split_layout_rewrite)
 from relax_tune.utils import args_info, normalize_mod
+
+from model_checks import assert_lifted_weights_swappable, untuned_output
 
 N_CANDIDATES = 8
 
@@ -96,11 +98,6 @@ def test_functions_without_layout_free_buffers_are_not_packed(target):
     assert cands and not any(has_layout_rewrite(c.sch.mod["main"]) for c in cands)
 
 
-def _untuned(mod, target, arrays):
-    vm = relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu())
-    return vm["forward"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
-
-
 def test_pipeline_prepacks_bound_weights_at_compile_time(target, tmp_path):
     mod, _ = get_model("mlp")
     arrays = model_inputs(mod)
@@ -111,7 +108,7 @@ def test_pipeline_prepacks_bound_weights_at_compile_time(target, tmp_path):
                               cpu_weight_prepack=True)
     vm = relax.VirtualMachine(tvm.compile(mod, target, relax_pipeline=pipe), tvm.cpu())
     got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
-    np.testing.assert_allclose(got, _untuned(mod, target, arrays), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, untuned_output(mod, target, arrays), rtol=1e-4, atol=1e-4)
     # the tuned records pack weights, and after the database is applied the packing is
     # split out of the kernels and folded into constants: no packing call is left
     records = rt.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
@@ -132,17 +129,7 @@ def test_pipeline_prepacks_bound_weights_at_compile_time(target, tmp_path):
 
 def test_pipeline_prepacks_lifted_weights_in_transform_params(target, tmp_path):
     mod, _ = get_model("mlp")
-    work_dir = str(tmp_path)
-    arrays = model_inputs(mod, seed=1)
-    inputs, weights = split_inputs(mod, arrays)
-    pipe = relax.get_pipeline("relax_tune", target=target, work_dir=work_dir,
+    pipe = relax.get_pipeline("relax_tune", target=target, work_dir=str(tmp_path),
                               max_trials_global=6, num_trials_per_iter=3,
                               lift_transform_params=True, cpu_weight_prepack=True)
-    vm = relax.VirtualMachine(tvm.compile(mod, target, relax_pipeline=pipe), tvm.cpu())
-    for seed in (1, 2):
-        arrays = model_inputs(mod, seed=seed)
-        inputs, weights = split_inputs(mod, arrays)
-        packed = vm["forward_transform_params"]([tvm.runtime.tensor(w)
-                                                 for w in weights.values()])
-        got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs], *packed).numpy()
-        np.testing.assert_allclose(got, _untuned(mod, target, arrays), rtol=1e-4, atol=1e-4)
+    assert_lifted_weights_swappable(mod, target, pipe)

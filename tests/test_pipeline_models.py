@@ -9,18 +9,14 @@ import relax_tune as rt
 from relax_tune.demo import run_demo
 from relax_tune.models import MODELS, get_model, model_inputs, split_inputs
 
+from model_checks import assert_lifted_weights_swappable, untuned_output
+
 SMALL = {"num_trials_per_iter": 2}
 TRIALS = 4
 # Tune one heavy task of the bigger models (every task tuned costs a baseline measurement);
 # the rest stay untuned, so outputs mix applied records and untuned kernels.
 TUNED_OPS = {"mlp": None, "conv_net": ["fused_conv2d_add_relu"],
              "transformer_block": ["fused_matmul2_add2_gelu"]}
-
-
-def _untuned(mod, target, arrays):
-    """The model compiled by TVM's default pipeline, every weight an input."""
-    vm = relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu())
-    return vm["forward"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +36,7 @@ def test_bound_params_tuned_model_equals_untuned(name, target, work_dirs):
     ex = tvm.compile(mod, target, relax_pipeline=pipe)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
-    np.testing.assert_allclose(got, _untuned(mod, target, arrays), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, untuned_output(mod, target, arrays), rtol=1e-4, atol=1e-4)
     recorded = {r.workload.shash
                 for r in rt.JSONDatabase(work_dir=work_dirs[name]).get_all_tuning_records()}
     with target:
@@ -59,18 +55,9 @@ def test_bound_params_tuned_model_equals_untuned(name, target, work_dirs):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_lifted_weights_are_swappable_without_recompiling(name, target, work_dirs):
     mod, _ = get_model(name)
-    arrays = model_inputs(mod, seed=1)
-    inputs, weights = split_inputs(mod, arrays)
     pipe = relax.get_pipeline("relax_tune", target=target, work_dir=work_dirs[name],
                               max_trials_global=0, lift_transform_params=True)
-    vm = relax.VirtualMachine(tvm.compile(mod, target, relax_pipeline=pipe), tvm.cpu())
-    for seed in (1, 2):  # the second weight set goes through the same executable
-        arrays = model_inputs(mod, seed=seed)
-        inputs, weights = split_inputs(mod, arrays)
-        packed = vm["forward_transform_params"]([tvm.runtime.tensor(w)
-                                                 for w in weights.values()])
-        got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs], *packed).numpy()
-        np.testing.assert_allclose(got, _untuned(mod, target, arrays), rtol=1e-4, atol=1e-4)
+    assert_lifted_weights_swappable(mod, target, pipe)
 
 
 def test_tune_irmod_with_params_tunes_no_weight_transposes(demo, target, tmp_path):
@@ -100,7 +87,7 @@ def test_weight_prepack_flag_compiles_and_matches(target, work_dirs):
     assert marked  # the matmuls' weight operands are marked layout-free
     vm = relax.VirtualMachine(tvm.compile(mod, target, relax_pipeline=pipe), tvm.cpu())
     got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
-    np.testing.assert_allclose(got, _untuned(mod, target, arrays), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, untuned_output(mod, target, arrays), rtol=1e-4, atol=1e-4)
 
 
 def test_parameter_errors_are_clear(target, tmp_path):
