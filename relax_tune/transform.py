@@ -232,7 +232,8 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
     pipeline gets ``params``) has exactly the tasks the pipeline tunes and applies, so tuning
     it separately (``relax-tune tune``) fills the database the pipeline then uses. The two
     flags mean what they mean in ``relax_tune_pipeline`` (whose ``cpu_weight_prepack`` is on
-    by default for llvm targets given ``params``: lower such a model with it on too)."""
+    by default for llvm targets given ``params`` or ``lift_transform_params``: lower such a
+    model with it on too)."""
     return [
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
@@ -298,15 +299,15 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
     - neither (default): the module's signature is unchanged and weight transposes run on
       every call, as in TVM's static_shape_tuning pipeline.
 
-    ``cpu_weight_prepack`` (default: on for ``llvm`` targets when ``params`` are given, off
-    otherwise) marks weights as layout-free buffers before tuning (TVM's
+    ``cpu_weight_prepack`` (default: on for ``llvm`` targets when ``params`` or
+    ``lift_transform_params`` are given, off otherwise) marks weights as layout-free buffers
+    before tuning (TVM's
     ``AttachAttrLayoutFreeBuffers``), so schedules may rewrite a weight's layout; after the
     database is applied, ``SplitLayoutRewritePreproc`` moves every block annotated
     ``meta_schedule.layout_rewrite_preproc`` out of the kernel, and it is folded at compile
     time (``params``) or lifted into ``<func>_transform_params``. It needs ``params`` or
-    ``lift_transform_params`` (then lifting happens after tuning, as in TVM's
-    static_shape_tuning pipeline, so weight-only kernels get tuned too). Records tuned with
-    and without it are separate workloads. The CPU space's ``RewriteLayout`` postprocessor
+    ``lift_transform_params``; both ways give the same tasks, so one database serves both.
+    Records tuned with and without prepacking are separate workloads. The CPU space's ``RewriteLayout`` postprocessor
     packs each marked weight in the order the tuned loop nest reads it
     (``relax_tune.space.layout_rewrite``); kernels are measured on packed weights, the
     packing itself runs once, at compile time (``params``) or in ``<func>_transform_params``.
@@ -325,8 +326,8 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = parse_target(target)
         backend = _backend(tgt)
-        prepack = (bool(params) and tgt.kind.name == "llvm" if cpu_weight_prepack is None
-                   else cpu_weight_prepack)
+        prepack = ((bool(params) or lift_transform_params) and tgt.kind.name == "llvm"
+                   if cpu_weight_prepack is None else cpu_weight_prepack)
         if params:
             mod = bind_params(mod, params)
         lift = lift_transform_params and _has_num_input(mod)
@@ -335,10 +336,10 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
                                  "'num_input' attribute (export_tvm sets it); add "
                                  "func.with_attr('num_input', n) for n runtime inputs")
         with tgt:
-            # With prepacking, lift once after the layout rewrites are split out (TVM's
-            # order): lifting twice would clash on the <func>_transform_params name.
-            mod = tvm.transform.Sequential(
-                lowering_passes(tgt, lift and not prepack, prepack))(mod)
+            # Lifting before tuning makes the tasks those of the bound model (weight-only
+            # work is out of the kernels); with prepacking a second lift after the split
+            # adds the packing to the same <func>_transform_params.
+            mod = tvm.transform.Sequential(lowering_passes(tgt, lift, prepack))(mod)
             if max_trials_global > 0:
                 TuneIRMod(work_dir=work_dir, max_trials_global=max_trials_global,
                           max_trials_per_task=max_trials_per_task, op_names=op_names,

@@ -15,9 +15,10 @@ def untuned_output(mod: tvm.IRModule, target, arrays) -> np.ndarray:
     return vm["forward"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
 
 
-def assert_lifted_weights_swappable(mod: tvm.IRModule, target, pipeline) -> None:
+def assert_lifted_weights_swappable(mod: tvm.IRModule, target, pipeline) -> list:
     """Compile ``mod`` with ``pipeline`` (lifted weights), then run two weight sets through
-    the same executable via ``forward_transform_params``; both must match the untuned model."""
+    the same executable via ``forward_transform_params``; both must match the untuned model.
+    Returns the last transformed weights (as ``forward`` takes them)."""
     vm = relax.VirtualMachine(tvm.compile(mod, target, relax_pipeline=pipeline), tvm.cpu())
     for seed in (1, 2):  # the second weight set goes through the same executable
         arrays = model_inputs(mod, seed=seed)
@@ -27,3 +28,4 @@ def assert_lifted_weights_swappable(mod: tvm.IRModule, target, pipeline) -> None
         got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs], *packed).numpy()
         np.testing.assert_allclose(got, untuned_output(mod, target, arrays),
                                    rtol=1e-4, atol=1e-4)
+    return list(packed)
