@@ -158,9 +158,8 @@ def _compile(args: argparse.Namespace) -> int:
     tasks = extract_tasks(model.lowered(target), target)
     best = [db.query_tuning_record(t.mod, target) for t in tasks]
     tuned = sum(1 for rec in best if rec is not None and rec.trace_json and rec.trace_json[0])
-    pipeline = relax.get_pipeline("relax_tune", target=target, work_dir=args.work_dir,
-                                  max_trials_global=0)
-    ex = tvm.compile(model.bound(), target, relax_pipeline=pipeline)
+    pipeline = model.compile_pipeline(target, args.work_dir, max_trials_global=0)
+    ex = tvm.compile(model.mod, target, relax_pipeline=pipeline)
     out = os.path.abspath(args.output)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     ex.export_library(out)

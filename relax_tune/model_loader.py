@@ -57,18 +57,29 @@ class LoadedModel:
     def lowered(self, target: Any = None) -> tvm.IRModule:
         """The bound module after the "relax_tune" pipeline's pre-tuning passes (legalized,
         fused, FuseTIR): the module tasks are extracted from."""
-        return lower_for_tuning(self.bound(), target)
+        return lower_for_tuning(self.bound(), target, weights_bound=bool(self.params))
+
+    def compile_pipeline(self, target: Any, work_dir: str, **kwargs: Any) -> Any:
+        """The "relax_tune" pipeline for this model with its ``params`` (so weights are
+        bound and, on CPU, prepacked exactly as ``lowered`` prepared the tasks); compile
+        ``self.mod`` with it."""
+        return relax.get_pipeline("relax_tune", target=target, work_dir=work_dir,
+                                  params=self.params or None, **kwargs)
 
 
-def lower_for_tuning(mod: tvm.IRModule, target: Any = None) -> tvm.IRModule:
+def lower_for_tuning(mod: tvm.IRModule, target: Any = None,
+                     weights_bound: bool = False) -> tvm.IRModule:
     """``mod`` through the passes the "relax_tune" pipeline runs before it tunes
-    (``transform.lowering_passes``, default configuration), so the tasks extracted from the
-    result are the functions the pipeline later looks up in the database."""
+    (``transform.lowering_passes``), so the tasks extracted from the result are the
+    functions the pipeline later looks up in the database. ``weights_bound``: ``mod`` has
+    the model's params bound, as the pipeline's ``params`` does, so on CPU the weights are
+    marked layout-free (the pipeline's default ``cpu_weight_prepack``)."""
     from .transform import lowering_passes
 
     target = parse_target(target)
+    prepack = weights_bound and target.kind.name == "llvm"
     with target:
-        return tvm.transform.Sequential(lowering_passes(target))(mod)
+        return tvm.transform.Sequential(lowering_passes(target, cpu_weight_prepack=prepack))(mod)
 
 
 def load_model(spec: str, shape_dict: Mapping[str, list[int]] | None = None) -> LoadedModel:

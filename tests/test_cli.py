@@ -85,7 +85,8 @@ def test_tune_compile_db_report_on_the_onnx_demo_model(onnx_model, tmp_path, cap
     n_records = len(db)
     assert n_records == 16 + 2  # 16 trials + one untuned baseline per task (two tasks)
     meta = json.load(open(os.path.join(wd, "tasks.json")))
-    assert sorted(m["name"] for m in meta) == ["fused_matmul_add_relu", "matmul1"]
+    assert sorted(m["name"].rstrip("0123456789") for m in meta) == \
+        ["fused_matmul_add_relu", "matmul"]
 
     # resuming with the same budget measures nothing new
     code, out, err = run_cli(capsys, *args)
@@ -94,8 +95,9 @@ def test_tune_compile_db_report_on_the_onnx_demo_model(onnx_model, tmp_path, cap
 
     # the relax_tune pipeline finds nothing new to tune in what the CLI tuned: same tasks
     with target:
-        tvm.compile(load_model(path).bound(), target, relax_pipeline=relax.get_pipeline(
-            "relax_tune", target=target, work_dir=wd, max_trials_global=16))
+        model = load_model(path)
+        tvm.compile(model.mod, target, relax_pipeline=model.compile_pipeline(
+            target, wd, max_trials_global=16))
     assert len(JSONDatabase(work_dir=wd)) == n_records
 
     lib_path = str(tmp_path / "out" / "model.so")
@@ -158,7 +160,8 @@ def test_python_function_model_binds_its_params(tmp_path, target):
     bound = load_model(f"{path}:with_weights")
     assert sorted(bound.params) == ["fc1.bias", "fc1.weight", "fc2.weight"]
     names = sorted(t.task_name for t in extract_tasks(bound.lowered(target), target))
-    assert names == ["fused_matmul_add_relu", "matmul1"]
+    # (AttachAttrLayoutFreeBuffers, for the bound weights on CPU, adds a digit to names)
+    assert [n.rstrip("0123456789") for n in names] == ["fused_matmul_add_relu", "matmul"]
     free = load_model(f"{path}:without_weights")
     assert free.params == {}
     assert len(extract_tasks(free.lowered(target), target)) == 4  # + two weight transposes
