@@ -146,7 +146,6 @@ def _tune(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- compile
 def _compile(args: argparse.Namespace) -> int:
     import tvm
-    from tvm import relax
 
     from .extract import extract_tasks
     from .model_loader import load_model, parse_shape_dict
