@@ -13,10 +13,12 @@ Rows per model and trial count:
 - ``metaschedule+bound``: the same MetaSchedule records applied to the model with its weights
   bound (no extra trials), to separate what binding gives from what tuning gives.
 - ``relax_tune``: ``relax.get_pipeline("relax_tune", params=weights, ...)`` (weights bound,
-  weight-only kernels folded); ``+lifted``: same records, weights kept as runtime inputs
+  weight-only kernels folded, weights prepacked in the layouts the tuned kernels chose:
+  ``cpu_weight_prepack`` is on by default with params); ``+lifted``: same records, weights
+  kept as runtime inputs
   through ``forward_transform_params``; ``+compiled-vm``: same records, ``exec_mode=
-  "compiled"``; ``+prepack`` (``--prepack``): tuned again (own trials) with
-  ``cpu_weight_prepack=True``, so schedules may pack the bound weights at compile time.
+  "compiled"``; ``-no-prepack`` (``--without-prepack``): tuned again (own trials) with
+  ``cpu_weight_prepack=False``, weights bound in their original layouts.
 
 Latencies are medians of ``time_evaluator`` over three interleaved rounds taken after all
 variants of a model are built, so all rows of a model see the same machine load.
@@ -83,7 +85,7 @@ class Variant:
 
 
 def bench_model(name: str, trials_list: list[int], target, root: str, with_ms: bool,
-                prepack: bool = False, rounds: int = 3) -> list[Variant]:
+                without_prepack: bool = False, rounds: int = 3) -> list[Variant]:
     """Build every variant of model ``name``, check outputs, time them interleaved."""
     mod, _ = get_model(name)
     arrays = model_inputs(mod)
@@ -124,14 +126,14 @@ def bench_model(name: str, trials_list: list[int], target, root: str, with_ms: b
             "relax_tune", target=target, work_dir=rt_dir, max_trials_global=0,
             params=weights), exec_mode="compiled")
         variants.append(Variant("relax_tune+compiled-vm", trials, compiled, in_args, None))
-        if prepack:
-            pack_dir = os.path.join(root, f"{name}-rt-pack-{trials}")
+        if without_prepack:
+            plain_dir = os.path.join(root, f"{name}-rt-plain-{trials}")
             start = time.perf_counter()
             ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
-                "relax_tune", target=target, work_dir=pack_dir, max_trials_global=trials,
-                params=weights, cpu_weight_prepack=True))
+                "relax_tune", target=target, work_dir=plain_dir, max_trials_global=trials,
+                params=weights, cpu_weight_prepack=False))
             wall = time.perf_counter() - start
-            variants.append(Variant("relax_tune+prepack", trials, ex, in_args, wall))
+            variants.append(Variant("relax_tune-no-prepack", trials, ex, in_args, wall))
 
     ref = variants[0].output()
     for v in variants[1:]:
@@ -149,8 +151,8 @@ def main() -> None:
     parser.add_argument("--trials", nargs="+", type=int, default=[64])
     parser.add_argument("--no-metaschedule", action="store_true",
                         help="skip the MetaSchedule rows (they cost 1-3 s per trial here)")
-    parser.add_argument("--prepack", action="store_true",
-                        help="add relax_tune+prepack: tuned again with cpu_weight_prepack=True")
+    parser.add_argument("--without-prepack", action="store_true",
+                        help="add relax_tune-no-prepack: tuned again, cpu_weight_prepack=False")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
@@ -164,7 +166,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         for name in args.models:
             variants = bench_model(name, args.trials, target, root,
-                                   with_ms=not args.no_metaschedule, prepack=args.prepack)
+                                   with_ms=not args.no_metaschedule,
+                                   without_prepack=args.without_prepack)
             med = {(v.what, v.trials): float(np.median(v.samples)) for v in variants}
             base = med[("untuned", "-")]
             for v in variants:
