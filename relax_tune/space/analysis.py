@@ -312,15 +312,17 @@ def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[li
         buf_strides = [1] * len(shape)
         for d in range(len(shape) - 2, -1, -1):
             buf_strides[d] = buf_strides[d + 1] * int(shape[d + 1])
+        # coefficient of every block var in every index of the access (loop-independent)
+        idx_coef = [[_linear_coef(rng.min, bvar) for bvar, _ in bindings]
+                    for rng in access.region]
+        if any(c is None for row in idx_coef for c in row):
+            out.append([None] * len(loop_vars))
+            continue
         per_loop: list[int | None] = []
         for li in range(len(loop_vars)):
             total: int | None = 0
-            for d, rng in enumerate(access.region):
-                for bi, (bvar, _) in enumerate(bindings):
-                    c_idx = _linear_coef(rng.min, bvar)
-                    if c_idx is None:
-                        total = None
-                        break
+            for d, row in enumerate(idx_coef):
+                for bi, c_idx in enumerate(row):
                     if c_idx == 0:
                         continue
                     c_bind = bind_coef[bi][li]
