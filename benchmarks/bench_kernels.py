@@ -176,6 +176,8 @@ def main() -> None:
     parser.add_argument("--trials", nargs="+", type=int, default=[64])
     parser.add_argument("--metaschedule", nargs="*", type=int, default=[],
                         help="MetaSchedule trial counts to run as a baseline (kernels only)")
+    parser.add_argument("--convergence-window", type=int, default=None,
+                        help="tune_tasks' convergence stop (0: spend every trial)")
     parser.add_argument("--prepack", action="store_true",
                         help="also tune with the weight layout-free (constant weights)")
     parser.add_argument("--verbose", action="store_true")
@@ -188,6 +190,8 @@ def main() -> None:
     if args.metaschedule:
         _import_tensor_intrin()  # before any clock starts
     print(f"target: {target}, TVM threads: {threads}")
+    tune_kwargs = ({} if args.convergence_window is None
+                   else {"convergence_window": args.convergence_window})
     rows = []
     for name in args.workload:
         if name in MODELS:
@@ -209,7 +213,8 @@ def main() -> None:
                 with tempfile.TemporaryDirectory() as work_dir:
                     task = rt.extract_tasks(tvm.IRModule({name: variant}), target)[0]
                     start = time.perf_counter()
-                    report = rt.tune_tasks([task], work_dir, max_trials_global=trials)[0]
+                    report = rt.tune_tasks([task], work_dir, max_trials_global=trials,
+                                           **tune_kwargs)[0]
                     wall = time.perf_counter() - start
                     # Re-time the applied best kernel here, in the same run as numpy.
                     db = rt.JSONDatabase(work_dir=work_dir)
