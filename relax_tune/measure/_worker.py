@@ -26,6 +26,8 @@ from . import prepack
 from .base import short_error
 
 _MAX_WORKLOADS = 32
+_CLEARLY_SLOW = 3.0  # a warm-up over this many times max_secs is not called again
+_CLEARLY_SLOW_SECS = 1.0
 _MAX_INPUT_SETS = 4
 
 _workloads: "OrderedDict[str, tvm.IRModule]" = OrderedDict()
@@ -198,7 +200,16 @@ def run_candidate(artifact: str, args_info_json: str, device_type: int, device_i
         dev.sync()
         first = time.perf_counter() - t0
         if max_secs is not None and first > max_secs:
-            return [first], None
+            if first > min(_CLEARLY_SLOW * max_secs, _CLEARLY_SLOW_SECS):
+                return [first], None
+            # Near the limit: the first call of a freshly loaded library pays cold caches
+            # and page faults; judge (and record) a warm call, or good kernels get cut.
+            t0 = time.perf_counter()
+            func(*args)
+            dev.sync()
+            first = time.perf_counter() - t0
+            if first > max_secs:
+                return [first], None
         if short_secs is not None and first > short_secs:
             number = 1
         remaining = budget_secs - (time.perf_counter() - start)
