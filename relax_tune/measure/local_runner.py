@@ -214,19 +214,23 @@ class LocalRunner(Runner):
             return [a.copy() for a in self._memo[key]]
         target = parse_target(target)
         device_type, device_id = self._device_of(target)
+        arrays, error = self._call(_worker.fetch_outputs, artifact, json.dumps(args_info),
+                                   device_type, device_id, seed)
+        if error is not None:
+            raise MeasureError(error)
+        return arrays
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` in the runner's worker; a timeout, a crash or a failed import in the
+        worker becomes a ``MeasureError``."""
         try:
-            arrays, error = self.pool.submit(
-                _worker.fetch_outputs, artifact, json.dumps(args_info), device_type, device_id,
-                seed).result()
+            return self.pool.submit(fn, *args).result()
         except TimeoutError:
             raise MeasureError(ERROR_TIMEOUT) from None
         except ChildProcessError:
             raise MeasureError(ERROR_CRASHED) from None
         except ImportError as err:
             raise MeasureError(worker_import_error(err)) from None
-        if error is not None:
-            raise MeasureError(error)
-        return arrays
 
     def time_and_fetch(self, artifact: str, args_info: list, target: Any,
                        seed: int | None = None) -> float:
@@ -244,16 +248,8 @@ class LocalRunner(Runner):
         target = parse_target(target)
         device_type, device_id = self._device_of(target)
         seed = self.seed if seed is None else int(seed)
-        try:
-            secs, arrays, error = self.pool.submit(
-                _time_and_fetch, artifact, json.dumps(args_info), device_type, device_id,
-                seed).result()
-        except TimeoutError:
-            raise MeasureError(ERROR_TIMEOUT) from None
-        except ChildProcessError:
-            raise MeasureError(ERROR_CRASHED) from None
-        except ImportError as err:
-            raise MeasureError(worker_import_error(err)) from None
+        secs, arrays, error = self._call(_time_and_fetch, artifact, json.dumps(args_info),
+                                         device_type, device_id, seed)
         if error is not None:
             raise MeasureError(error)
         key = self._memo_key(artifact, args_info, seed)
