@@ -97,7 +97,8 @@ def run_demo(work_dir: str, max_trials_global: int = 64, target=None,
     tasks = extract_tasks(lowered, target)
     out(f"relax_tune demo: {len(tasks)} tasks "
         f"({', '.join(t.task_name for t in tasks)}) on {target}; weights bound, so the "
-        f"weight transposes are folded at compile time and not tuned")
+        f"weight transposes are folded at compile time and not tuned, and on CPU the "
+        f"weights are packed in the layouts the tuned kernels read")
     out(f"tuning with max_trials_global={max_trials_global}, work_dir={work_dir} ...")
     start = time.perf_counter()
     reports = tune_tasks(tasks, work_dir, max_trials_global=max_trials_global,
