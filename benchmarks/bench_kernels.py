@@ -34,7 +34,7 @@ from tvm import te, topi
 
 import relax_tune as rt
 from relax_tune.measure.prepack import packed_args
-from relax_tune.space.layout_rewrite import split_layout_rewrite
+from relax_tune.space.layout_rewrite import measurable_module
 from relax_tune.utils import ensure_tvm_threads, normalize_mod
 
 WEIGHT_ARG = {"matmul": 1, "conv2d": 1}
@@ -75,12 +75,16 @@ def _import_tensor_intrin() -> None:
 
 
 def time_kernel(mod: tvm.IRModule, target, inputs, ref) -> float:
-    """Compile ``mod``, check it against ``ref`` and return its median seconds."""
-    lib = tvm.compile(mod, target).mod
+    """Compile ``mod`` (a workload, scheduled or not), check it against ``ref`` and return
+    its median seconds. When its schedule packs a weight, the packing runs once first and
+    only the kernel on the packed weight is timed, as in a model with constant weights."""
+    measured, plan = measurable_module(mod["main"])
+    lib = tvm.compile(measured, target).mod
     dev = tvm.cpu()
     args_ = [tvm.runtime.tensor(x, dev) for x in inputs]
     expected = ref(*inputs)
     args_.append(tvm.runtime.empty(expected.shape, "float32", dev))
+    args_ = packed_args(lib, args_, plan, dev)
     start = time.perf_counter()
     lib["main"](*args_)
     once = time.perf_counter() - start
@@ -88,27 +92,6 @@ def time_kernel(mod: tvm.IRModule, target, inputs, ref) -> float:
     # a slow (untuned) kernel is timed 3 times, not 50
     number, repeat = (10, 5) if once < 0.1 else (1, 3)
     timer = lib.time_evaluator("main", dev, number=number, repeat=repeat)
-    return float(np.median(timer(*args_).results))
-
-
-def time_scheduled(mod: tvm.IRModule, target, inputs, ref) -> float:
-    """``time_kernel`` for a scheduled workload; when its schedule packs a weight, the
-    packing runs once first and only the kernel on the packed weight is timed."""
-    split = split_layout_rewrite(mod["main"])
-    if split is None:
-        return time_kernel(mod, target, inputs, ref)
-    kernel, pack, plan = split
-    lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main"),
-                                    plan.func: pack.with_attr("global_symbol", plan.func)}),
-                      target).mod
-    dev = tvm.cpu()
-    args_ = [tvm.runtime.tensor(x, dev) for x in inputs]
-    expected = ref(*inputs)
-    args_.append(tvm.runtime.empty(expected.shape, "float32", dev))
-    args_ = packed_args(lib, args_, plan.to_json(), dev)
-    lib["main"](*args_)
-    np.testing.assert_allclose(args_[-1].numpy(), expected, rtol=1e-3, atol=1e-3)
-    timer = lib.time_evaluator("main", dev, number=10, repeat=5)
     return float(np.median(timer(*args_).results))
 
 
@@ -123,7 +106,7 @@ def metaschedule_kernel(func, target, trials: int, inputs, ref) -> tuple[float, 
                          builder=ms.builder.LocalBuilder(initializer=_import_tensor_intrin))
         wall = time.perf_counter() - start
         sch = ms.tir_integration.compile_tir(db, mod, target)
-        return time_scheduled(sch.mod, target, inputs, ref), wall
+        return time_kernel(sch.mod, target, inputs, ref), wall
 
 
 def bench_demo(target, trials_list: list[int], rows: list) -> None:
@@ -219,7 +202,7 @@ def main() -> None:
                     # Re-time the applied best kernel here, in the same run as numpy.
                     db = rt.JSONDatabase(work_dir=work_dir)
                     sch = db.query_schedule(normalize_mod(variant), target)
-                    best = time_scheduled(sch.mod, target, inputs, ref)
+                    best = time_kernel(sch.mod, target, inputs, ref)
                     rows.append((name, "relax_tune" + suffix, trials, best, flops,
                                  (wall, report.new_trials / wall, report.failures)))
             for trials in args.metaschedule:

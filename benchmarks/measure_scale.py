@@ -17,21 +17,12 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from tvm import te  # noqa: E402
-
 from relax_tune import utils  # noqa: E402
 from relax_tune.extract import extract_tasks  # noqa: E402
 from relax_tune.measure import LocalBuilder, LocalRunner, RPCRunner  # noqa: E402
 from relax_tune.tune import tune_tasks  # noqa: E402
 from rpc_cluster import LocalRPCCluster  # noqa: E402
-
-
-def matmul(n: int):
-    A = te.placeholder((n, n), "float32", name="A")
-    B = te.placeholder((n, n), "float32", name="B")
-    k = te.reduce_axis((0, n), name="k")
-    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
-    return utils.normalize_mod(te.create_prim_func([A, B, C]))
+from workloads import matmul_mod as matmul  # noqa: E402
 
 
 def rpc_throughput(n_servers: int, trials: int, target) -> float:

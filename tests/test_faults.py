@@ -18,8 +18,6 @@ import time
 
 import numpy as np
 import pytest
-import tvm
-from tvm import te
 from tvm.script import tirx as T
 
 from relax_tune import utils
@@ -30,15 +28,9 @@ from relax_tune.measure.verify import WRONG_RESULT, CorrectnessChecker, compare_
 from relax_tune.search import candidate_key
 from relax_tune.tune import BASELINE_KEY, tune_tasks
 
+from workloads import matmul_mod
+
 N = 32
-
-
-def matmul_mod(n: int = N) -> tvm.IRModule:
-    A = te.placeholder((n, n), "float32", name="A")
-    B = te.placeholder((n, n), "float32", name="B")
-    k = te.reduce_axis((0, n), name="k")
-    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
-    return utils.normalize_mod(te.create_prim_func([A, B, C]))
 
 
 @T.prim_func(s_tir=True)
@@ -123,7 +115,7 @@ def test_compare_outputs():
 
 
 def test_faulty_candidates_are_recorded_and_tuning_continues(tmp_path, target, caplog):
-    mod = matmul_mod()
+    mod = matmul_mod(N)
     tasks = extract_tasks(mod, target)
     faults = {0: "compile", 1: "segfault", 2: "hang", 3: "wrong"}
     work = str(tmp_path / "work")
@@ -153,7 +145,7 @@ def test_faulty_candidates_are_recorded_and_tuning_continues(tmp_path, target, c
 
 def test_check_correctness_off_lets_wrong_best_through(tmp_path, target):
     """The check is what stops the wrong kernel (so the test above cannot pass by accident)."""
-    mod = matmul_mod()
+    mod = matmul_mod(N)
     tasks = extract_tasks(mod, target)
     work = str(tmp_path / "work")
     with FaultBuilder({0: "wrong"}, max_workers=2) as builder, LocalRunner() as runner:
@@ -165,7 +157,7 @@ def test_check_correctness_off_lets_wrong_best_through(tmp_path, target):
 
 
 def test_checker_passes_good_schedules(target):
-    mod = matmul_mod()
+    mod = matmul_mod(N)
     from relax_tune.search import make_search
 
     cands = make_search("replay", mod, target, seed=3).next_candidates(4)
@@ -252,7 +244,7 @@ def test_tuner_sigkilled_mid_write_then_load_and_resume(tmp_path, target, caplog
     assert len(db) == complete  # every complete line loads; the torn one is skipped
     assert any("skipped a bad tuning record" in r.getMessage() for r in caplog.records)
     before = {candidate_key(r.trace_json) for r in db.get_all_tuning_records()}
-    tasks = extract_tasks(matmul_mod(), target)
+    tasks = extract_tasks(matmul_mod(N), target)
     with LocalBuilder(max_workers=2) as b, LocalRunner() as r:
         reports = tune_tasks(tasks, work, max_trials_global=complete + 3, num_trials_per_iter=4,
                              builder=b, runner=r)
@@ -299,7 +291,7 @@ def test_record_line_fast_parse_matches_json(tmp_path):
     from relax_tune.database.json_database import parse_record_line
     from relax_tune.search import make_search
 
-    mod = matmul_mod()
+    mod = matmul_mod(N)
     target = utils.host_target()
     db = JSONDatabase(work_dir=str(tmp_path))
     wl = db.commit_workload(mod)

@@ -11,7 +11,6 @@ import os
 import numpy as np
 import pytest
 import tvm
-from tvm import te
 from tvm.s_tir import Schedule
 from tvm.script import tirx as T
 
@@ -27,33 +26,15 @@ from relax_tune.measure import (
 )
 from relax_tune.measure import _worker
 
+from workloads import matmul_mod, tiled_matmul_trace
+
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 REPEAT = 3
 
 
-def matmul_mod(n: int = 64) -> tvm.IRModule:
-    A = te.placeholder((n, n), "float32", name="A")
-    B = te.placeholder((n, n), "float32", name="B")
-    k = te.reduce_axis((0, n), name="k")
-    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
-    return utils.normalize_mod(te.create_prim_func([A, B, C]))
-
-
-def scheduled_trace(mod: tvm.IRModule) -> list:
-    """split + reorder + vectorize + parallel, as plain JSON."""
-    sch = Schedule(mod)
-    i, j, k = sch.get_loops(sch.get_sblock("C"))
-    i0, i1 = sch.split(i, [None, 8])
-    j0, j1 = sch.split(j, [None, 16])
-    sch.reorder(i0, j0, i1, k, j1)
-    sch.parallel(i0)
-    sch.vectorize(j1)
-    return json.loads(json.dumps(utils.trace_to_json(sch.trace)))
-
-
 def bad_trace(mod: tvm.IRModule) -> list:
     """A trace whose first instruction names a block the workload does not have."""
-    trace = scheduled_trace(mod)
+    trace = tiled_matmul_trace(mod)
     assert trace[0][0][0] == "GetSBlock" and trace[0][0][2][0] == "C"
     trace[0][0][2][0] = "no_such_block"
     return trace
@@ -107,8 +88,8 @@ def mod():
 @pytest.fixture(scope="module")
 def built(builder, mod):
     """Untuned + scheduled + failing + scheduled candidates in one batch."""
-    return builder.build(mod, TARGET, [None, scheduled_trace(mod), bad_trace(mod),
-                                       scheduled_trace(mod)])
+    return builder.build(mod, TARGET, [None, tiled_matmul_trace(mod), bad_trace(mod),
+                                       tiled_matmul_trace(mod)])
 
 
 def _pids(builder: LocalBuilder) -> set[int]:
@@ -134,7 +115,7 @@ def test_bad_trace_fails_alone(built):
 def test_trace_forms_and_primfunc_workload(builder, mod):
     sch = Schedule(mod)
     sch.parallel(sch.get_loops(sch.get_sblock("C"))[0])
-    forms = [sch.trace, json.dumps(scheduled_trace(mod)), sch.trace.as_json(remove_postproc=False)]
+    forms = [sch.trace, json.dumps(tiled_matmul_trace(mod)), sch.trace.as_json(remove_postproc=False)]
     results = builder.build(mod["main"], TARGET, forms)  # a bare PrimFunc is normalised
     assert all(r.ok for r in results), results
     odd = builder.build(mod, TARGET, [[[["Parallel", [object()], [], []]], []], None])
@@ -186,7 +167,7 @@ def test_workers_persist_and_cache_workloads(builder, mod):
     before = _pids(builder)
     assert 1 <= len(before) <= 2
     other = matmul_mod(32)
-    assert all(r.ok for r in builder.build(other, TARGET, [None, scheduled_trace(other)]))
+    assert all(r.ok for r in builder.build(other, TARGET, [None, tiled_matmul_trace(other)]))
     assert all(r.ok for r in builder.build(mod, TARGET, [None]))
     assert _pids(builder) <= before  # same processes: no fresh `import tvm`
     infos = [builder.pool.submit(_worker.cache_info).result() for _ in range(4)]
@@ -196,7 +177,7 @@ def test_workers_persist_and_cache_workloads(builder, mod):
 def test_builder_survives_worker_crash(builder, mod):
     with pytest.raises(ChildProcessError):
         builder.pool.submit(ctypes.string_at, 0).result()  # a real segfault in a worker
-    results = builder.build(mod, TARGET, [None, scheduled_trace(mod)])
+    results = builder.build(mod, TARGET, [None, tiled_matmul_trace(mod)])
     assert all(r.ok for r in results), results
 
 
@@ -205,7 +186,7 @@ def test_builder_timeout_then_next_batch(builder, mod):
     assert results[0].error == ERROR_TIMEOUT and results[0].artifact_path is None
     assert results[0].build_secs == builder.timeout_sec
     assert results[1].ok, results[1]
-    again = builder.build(mod, TARGET, [scheduled_trace(mod)])
+    again = builder.build(mod, TARGET, [tiled_matmul_trace(mod)])
     assert again[0].ok, again
 
 

@@ -6,37 +6,17 @@ tens of times slower than a parallel, vectorised one)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
 import pytest
-from tvm import te
-from tvm.s_tir import Schedule
 
 import relax_tune as rt
 from relax_tune import utils
 from relax_tune.database import JSONDatabase
 from relax_tune.measure import LocalBuilder, LocalRunner, MeasureError
 
-
-def matmul_mod(n: int):
-    A = te.placeholder((n, n), "float32", name="A")
-    B = te.placeholder((n, n), "float32", name="B")
-    k = te.reduce_axis((0, n), name="k")
-    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
-    return utils.normalize_mod(te.create_prim_func([A, B, C]))
-
-
-def fast_trace(mod) -> list:
-    sch = Schedule(mod)
-    i, j, k = sch.get_loops(sch.get_sblock("C"))
-    i0, i1 = sch.split(i, [None, 8])
-    j0, j1 = sch.split(j, [None, 16])
-    sch.reorder(i0, j0, k, i1, j1)
-    sch.parallel(i0)
-    sch.vectorize(j1)
-    return json.loads(json.dumps(utils.trace_to_json(sch.trace)))
+from workloads import matmul_mod, tiled_matmul_trace
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +28,7 @@ def mod256():
 def built(mod256, target):
     """[fast, untuned (slow)] artifacts of a 256^3 matmul."""
     with LocalBuilder(max_workers=2) as builder:
-        res = builder.build(mod256, target, [fast_trace(mod256), None])
+        res = builder.build(mod256, target, [tiled_matmul_trace(mod256, k_inside_rows=False), None])
         assert all(r.ok for r in res), res
         yield [r.artifact_path for r in res]
 

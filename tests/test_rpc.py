@@ -10,8 +10,6 @@ import time
 
 import numpy as np
 import pytest
-import tvm
-from tvm import te
 
 from relax_tune import utils
 from relax_tune.database import JSONDatabase
@@ -21,15 +19,8 @@ from relax_tune.tune import tune_tasks
 from relax_tune.utils import RelaxTuneError
 
 from rpc_cluster import LocalRPCCluster, free_port
+from workloads import matmul_mod
 
-
-
-def matmul_mod(n: int) -> tvm.IRModule:
-    A = te.placeholder((n, n), "float32", name="A")
-    B = te.placeholder((n, n), "float32", name="B")
-    k = te.reduce_axis((0, n), name="k")
-    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
-    return utils.normalize_mod(te.create_prim_func([A, B, C]))
 
 
 @pytest.fixture(scope="module")

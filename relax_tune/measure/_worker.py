@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tvm
 
-from ..space.layout_rewrite import has_layout_rewrite, split_layout_rewrite
+from ..space.layout_rewrite import measurable_module
 from ..utils import schedule_from_json
 from . import prepack
 from .base import short_error
@@ -92,19 +92,14 @@ def build_candidate(digest: str, script: str, target_json: str, trace_json: str 
                 return _replay_error(mod, trace, err), time.perf_counter() - start
             mod = sch.mod
         stage = "split layout rewrite"
-        func = mod["main"]
-        split = split_layout_rewrite(func) if has_layout_rewrite(func) else None
-        funcs = {"main": func}
-        if split is not None:  # packed weights: the runner packs once, then times "main"
-            kernel, pack, plan = split
-            funcs = {"main": kernel, plan.func: pack.with_attr("global_symbol", plan.func)}
+        # the runner calls "main"; with packed weights it packs once, then times "main"
+        measured, plan = measurable_module(mod["main"])
         stage = "compile"
-        funcs["main"] = funcs["main"].with_attr("global_symbol", "main")  # the runner calls it
-        executable = tvm.compile(tvm.IRModule(funcs), target)
+        executable = tvm.compile(measured, target)
         stage = "export"
         executable.export_library(out_path)
-        if split is not None:
-            prepack.write_plan(out_path, split[2].to_json())
+        if plan is not None:
+            prepack.write_plan(out_path, plan)
         return None, time.perf_counter() - start
     except Exception as err:  # noqa: BLE001 - every failure becomes a result
         try:

@@ -218,3 +218,15 @@ def split_layout_rewrite(func: tirx.PrimFunc, pack_name: str = "main_prepack"
             for i in range(len(inputs)) if i not in positions):
         return None
     return kernel, pack, plan
+
+
+def measurable_module(func: tirx.PrimFunc) -> tuple[tvm.IRModule, dict | None]:
+    """The module to build for timing ``func``: ``main`` alone, or, when its schedule packs
+    weights, ``main`` reading the packed weights next to the packing function, with the plan
+    (``PrepackPlan.to_json()``) a runner needs to pack the inputs once before timing."""
+    split = split_layout_rewrite(func)
+    if split is None:
+        return tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), None
+    kernel, pack, plan = split
+    return tvm.IRModule({"main": kernel.with_attr("global_symbol", "main"),
+                         plan.func: pack.with_attr("global_symbol", plan.func)}), plan.to_json()
