@@ -27,6 +27,41 @@ _HAS_IF_THEN_ELSE = _ffi("s_tir.schedule.HasIfThenElse")
 _GET_SBLOCK_REALIZE = _ffi("s_tir.schedule.GetSBlockRealize")
 _IS_SPATIAL_PRIM_FUNC = _ffi("s_tir.schedule.IsSpatialPrimFunc")
 
+
+def _unchecked(method: Any) -> Any:
+    """The plain method under TVM's ``type_checked`` wrapper. The wrapper checks every
+    argument against its type hints in Python on every call; in the search's hot loop
+    (thousands of reads per candidate) that cost a third of the search time, for arguments
+    that are schedule random variables by construction."""
+    return getattr(method, "__wrapped__", method)
+
+
+_SCHEDULE_GET = _unchecked(Schedule.get)
+_SCHEDULE_GET_SREF = _unchecked(Schedule.get_sref)
+_SCHEDULE_GET_LOOPS = _unchecked(Schedule.get_loops)
+_SCHEDULE_GET_CHILD_BLOCKS = _unchecked(Schedule.get_child_blocks)
+_SCHEDULE_GET_CONSUMERS = _unchecked(Schedule.get_consumers)
+
+
+def node(sch: Schedule, rv: Any) -> Any:
+    """``sch.get(rv)`` (the block or loop statement) without the type-check overhead."""
+    return _SCHEDULE_GET(sch, rv)
+
+
+def loops_of(sch: Schedule, block: SBlockRV) -> list[LoopRV]:
+    """``sch.get_loops(block)`` without the type-check overhead."""
+    return list(_SCHEDULE_GET_LOOPS(sch, block))
+
+
+def child_blocks(sch: Schedule, rv: Any) -> list[SBlockRV]:
+    """``sch.get_child_blocks(rv)`` without the type-check overhead."""
+    return list(_SCHEDULE_GET_CHILD_BLOCKS(sch, rv))
+
+
+def consumers_of(sch: Schedule, block: SBlockRV) -> list[SBlockRV]:
+    """``sch.get_consumers(block)`` without the type-check overhead."""
+    return list(_SCHEDULE_GET_CONSUMERS(sch, block))
+
 DATA_PAR = int(tirx.IterVar.DataPar)
 COMM_REDUCE = int(tirx.IterVar.CommReduce)
 
@@ -100,7 +135,7 @@ def _children(stmt: Any) -> list:
 def block_exists(sch: Schedule, block: SBlockRV) -> bool:
     """Whether ``block`` still names a block of the schedule (inlining removes blocks)."""
     try:
-        sch.get(block)
+        node(sch, block)
         return True
     except Exception:
         return False
@@ -109,14 +144,14 @@ def block_exists(sch: Schedule, block: SBlockRV) -> bool:
 def is_root(sch: Schedule, block: SBlockRV) -> bool:
     """Whether ``block`` is the root block of its function."""
     try:
-        return sch.get_sref(block).parent is None
+        return _SCHEDULE_GET_SREF(sch, block).parent is None
     except Exception:
         return False
 
 
 def get_root(sch: Schedule, block: SBlockRV) -> SBlockRV:
     """The root block of the function holding ``block`` (a fresh ``GetSBlock`` in the trace)."""
-    sref = sch.get_sref(block)
+    sref = _SCHEDULE_GET_SREF(sch, block)
     while sref.parent is not None:
         sref = sref.parent
     return sch.get_sblock(str(sref.stmt.name_hint), func_name_of(sch))
@@ -124,7 +159,7 @@ def get_root(sch: Schedule, block: SBlockRV) -> SBlockRV:
 
 def iter_types(sch: Schedule, block: SBlockRV) -> list[int]:
     """The iter-var types of ``block`` (``DATA_PAR``, ``COMM_REDUCE`` or other ints)."""
-    return [int(iv.iter_type) for iv in sch.get(block).iter_vars]
+    return [int(iv.iter_type) for iv in node(sch, block).iter_vars]
 
 
 def is_spatial(sch: Schedule, block: SBlockRV) -> bool:
@@ -155,7 +190,7 @@ def has_if_then_else(sch: Schedule, block: SBlockRV) -> bool:
         realize = _GET_SBLOCK_REALIZE(sch, block)
         if not _is_true(realize.predicate):
             return True
-        return bool(_HAS_IF_THEN_ELSE(sch.get(block)))
+        return bool(_HAS_IF_THEN_ELSE(node(sch, block)))
     except Exception:
         return True
 
@@ -185,14 +220,14 @@ def called_ops(sch: Schedule, block: SBlockRV) -> set[str]:
         if name is not None:
             names.add(str(name))
 
-    blk = sch.get(block)
+    blk = node(sch, block)
     tvm_ffi.structural_walk(blk.body, [(tvm.ir.Call, on_call)])
     return names
 
 
 def write_dtype(sch: Schedule, block: SBlockRV) -> str:
     """The element type of the (first) buffer ``block`` writes ("float32" if it writes none)."""
-    blk = sch.get(block)
+    blk = node(sch, block)
     if len(blk.writes) == 0:
         return "float32"
     return _buffer_dtype(blk.writes[0].source)
@@ -225,7 +260,7 @@ def _buffer_shape(buf: Any) -> list[int | None]:
 
 def loop_extent(sch: Schedule, loop: LoopRV) -> int | None:
     """The constant extent of ``loop`` (None when symbolic)."""
-    return _const_int(sch.get(loop).extent)
+    return _const_int(node(sch, loop).extent)
 
 
 def loop_iter_type(sch: Schedule, loop: LoopRV) -> str:
@@ -239,18 +274,18 @@ def loop_iter_type(sch: Schedule, loop: LoopRV) -> str:
 
 def loop_kind(sch: Schedule, loop: LoopRV) -> int:
     """The loop kind as an int (``FOR_SERIAL``, ``FOR_PARALLEL``, ``FOR_VECTORIZED``...)."""
-    return int(sch.get(loop).kind)
+    return int(node(sch, loop).kind)
 
 
 def loop_is_free(sch: Schedule, loop: LoopRV) -> bool:
     """A serial loop without annotations: free to fuse, parallelise or vectorise."""
-    node = sch.get(loop)
-    return int(node.kind) == FOR_SERIAL and len(node.annotations) == 0
+    stmt = node(sch, loop)
+    return int(stmt.kind) == FOR_SERIAL and len(stmt.annotations) == 0
 
 
 def loop_has_single_child(sch: Schedule, loop: LoopRV) -> bool:
     """Whether the loop body is one statement (so the loop can be fused with its child)."""
-    return not isinstance(sch.get(loop).body, tirx.SeqStmt)
+    return not isinstance(node(sch, loop).body, tirx.SeqStmt)
 
 
 @dataclass(frozen=True)
@@ -268,11 +303,11 @@ def loop_infos(sch: Schedule, loops: list[LoopRV]) -> list[LoopInfo]:
     """:class:`LoopInfo` of each loop (one ``sch.get`` per loop)."""
     out = []
     for loop in loops:
-        node = sch.get(loop)
-        kind = int(node.kind)
-        out.append(LoopInfo(extent=_const_int(node.extent), kind=kind,
-                            free=kind == FOR_SERIAL and len(node.annotations) == 0,
-                            single_child=not isinstance(node.body, tirx.SeqStmt),
+        stmt = node(sch, loop)
+        kind = int(stmt.kind)
+        out.append(LoopInfo(extent=_const_int(stmt.extent), kind=kind,
+                            free=kind == FOR_SERIAL and len(stmt.annotations) == 0,
+                            single_child=not isinstance(stmt.body, tirx.SeqStmt),
                             iter_type=loop_iter_type(sch, loop)))
     return out
 
@@ -301,7 +336,7 @@ def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[li
     realize = _GET_SBLOCK_REALIZE(sch, block)
     blk = realize.block
     bindings = list(zip([iv.var for iv in blk.iter_vars], list(realize.iter_values)))
-    loop_vars = [sch.get(lp).loop_var for lp in loops]
+    loop_vars = [node(sch, lp).loop_var for lp in loops]
     # coefficient of every loop var in every block-var binding
     bind_coef = [[_linear_coef(value, lv) for lv in loop_vars] for _, value in bindings]
     out: list[list[int | None]] = []
@@ -427,7 +462,7 @@ def is_elementwise_consumer(sch: Schedule, producer: SBlockRV, consumer: SBlockR
     writes its own (same index variables in the same order, full extent): the consumer can
     then be computed at any spatial tile of the producer."""
     try:
-        pblk, cblk = sch.get(producer), sch.get(consumer)
+        pblk, cblk = node(sch, producer), node(sch, consumer)
     except Exception:
         return False
     if len(pblk.writes) != 1 or len(cblk.writes) != 1:
@@ -456,7 +491,7 @@ def needs_multi_level_tiling(sch: Schedule, block: SBlockRV) -> bool:
     from .params import ANN_TILED
 
     try:
-        blk = sch.get(block)
+        blk = node(sch, block)
     except Exception:
         return False
     if ANN_TILED in blk.annotations:

@@ -177,6 +177,12 @@ class SpaceGenerator:
     def apply_postprocs(self, sch: Schedule) -> str | None:
         """Run the postprocessors on ``sch`` (after ``enter_postproc``); None on success,
         else why the candidate must be dropped."""
+        for post in self.postprocs:
+            try:
+                if not post.precheck(sch):
+                    return f"{post} rejected the candidate"
+            except Exception as err:
+                logger.debug("%s precheck failed: %s", post, err)  # apply will decide
         sch.enter_postproc()
         for post in self.postprocs:
             try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
@@ -64,11 +65,11 @@ class MultiLevelTiling(ScheduleRule):
         """Tile ``block`` when it needs it; returns one schedule per write-back variant."""
         if not A.needs_multi_level_tiling(sch, block):
             return [sch]
-        loops = sch.get_loops(block)
+        loops = A.loops_of(sch, block)
         types = A.iter_types(sch, block)
         if len(loops) != len(types) or any(t not in (A.DATA_PAR, A.COMM_REDUCE) for t in types):
             return [sch]
-        name = sch.get(block).name_hint
+        name = A.node(sch, block).name_hint
         try:
             tiled = self._tile(sch, block, loops, types)
         except Exception as err:  # a primitive refused: keep the block as it is
@@ -145,7 +146,7 @@ class MultiLevelTiling(ScheduleRule):
         levels = self._levels(tiled)
         if not levels:
             return [sch]
-        consumers = sch.get_consumers(block)
+        consumers = A.consumers_of(sch, block)
         results: list[Schedule] = []
         if len(consumers) == 1 and A.is_elementwise_consumer(sch, block, consumers[0]):
             for _level, loop in levels:
@@ -200,7 +201,7 @@ class LimitRegisterTile(Postproc):
         for block in A.collect_blocks(sch):
             if A.is_root(sch, block):
                 continue
-            blk = sch.get(block)
+            blk = A.node(sch, block)
             if ANN_TILED not in blk.annotations or blk.init is None and not _updates(blk):
                 continue
             regs = self.registers(sch, block)
@@ -210,32 +211,49 @@ class LimitRegisterTile(Postproc):
                 return False
         return True
 
+    def precheck(self, sch: Schedule) -> bool:
+        """Before vectorisation: reject a tile that is past the budget even if its
+        accumulators were packed into full vectors, or below the minimum even if none were
+        (vectorising only moves the count between those bounds). Reads the IR only: schedule
+        queries here would be recorded in the sketch part of the trace."""
+        for blk, elems, whole in _register_tiles(sch.mod[A.func_name_of(sch)].body):
+            lanes = self.params.lanes(A._buffer_dtype(blk.writes[0].source))
+            if -(-elems // lanes) > self.budget:
+                return False
+            if elems < self.min_registers and elems < -(-whole // lanes):
+                return False
+        return True
+
     def spatial_registers(self, sch: Schedule, block: SBlockRV) -> int:
         """SIMD registers the block's whole output would take (the largest possible tile)."""
         lanes = self.params.lanes(A.write_dtype(sch, block))
         elems = 1
-        for iv in sch.get(block).iter_vars:
+        for iv in A.node(sch, block).iter_vars:
             if int(iv.iter_type) == A.DATA_PAR:
                 elems *= A._const_int(iv.dom.extent) or 1
         return -(-elems // lanes)
 
     def registers(self, sch: Schedule, block: SBlockRV) -> int:
         """SIMD registers the accumulators under the block's last reduction loop take."""
-        loops = sch.get_loops(block)
-        inner: list[LoopRV] = []
-        for loop in reversed(loops):
-            if A.loop_iter_type(sch, loop) != "S":
-                break
-            inner.insert(0, loop)
         lanes = self.params.lanes(A.write_dtype(sch, block))
         regs = 1
-        for loop in inner:
+        for loop in self._inner_spatial(sch, block):
             extent = A.loop_extent(sch, loop) or 1
             if A.loop_kind(sch, loop) == A.FOR_VECTORIZED:
                 regs *= -(-extent // lanes)
             else:
                 regs *= extent
         return regs
+
+    @staticmethod
+    def _inner_spatial(sch: Schedule, block: SBlockRV) -> list[LoopRV]:
+        """The spatial loops inside the block's last reduction loop (its register tile)."""
+        inner: list[LoopRV] = []
+        for loop in reversed(A.loops_of(sch, block)):
+            if A.loop_iter_type(sch, loop) != "S":
+                break
+            inner.insert(0, loop)
+        return inner
 
 
 def _updates(blk) -> bool:
@@ -244,3 +262,37 @@ def _updates(blk) -> bool:
         return False
     out = blk.writes[0].source
     return any(r.source.same_as(out) for r in blk.reads)
+
+
+def _loop_vars_used(expr) -> set:
+    return set(tvm.tirx.analysis.undefined_vars(expr))
+
+
+def _register_tiles(stmt, loops: tuple = ()):
+    """(block, accumulator elements, whole spatial output elements) of every tiled
+    reduction block under ``stmt``: the elements are the product of the spatial loops
+    inside its last reduction loop (``loops``: the enclosing For nodes)."""
+    if isinstance(stmt, tvm.tirx.For):
+        yield from _register_tiles(stmt.body, loops + (stmt,))
+    elif isinstance(stmt, tvm.tirx.SeqStmt):
+        for child in stmt.seq:
+            yield from _register_tiles(child, loops)
+    elif isinstance(stmt, tvm.s_tir.SBlockRealize):
+        blk = stmt.block
+        if ANN_TILED in blk.annotations and (blk.init is not None or _updates(blk)):
+            reduce_vars: set = set()
+            whole = 1
+            for iv, value in zip(blk.iter_vars, stmt.iter_values):
+                if int(iv.iter_type) == A.DATA_PAR:
+                    whole *= A._const_int(iv.dom.extent) or 1
+                else:
+                    reduce_vars |= _loop_vars_used(value)
+            elems = 1
+            for loop in reversed(loops):
+                if loop.loop_var in reduce_vars:
+                    break
+                elems *= A._const_int(loop.extent) or 1
+            yield blk, elems, whole
+        yield from _register_tiles(blk.body, ())
+    elif hasattr(stmt, "body") and isinstance(getattr(stmt, "body"), tvm.tirx.Stmt):
+        yield from _register_tiles(stmt.body, loops)

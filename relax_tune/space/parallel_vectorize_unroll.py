@@ -125,8 +125,8 @@ class RewriteParallelVectorizeUnroll(Postproc):
                            (ANN_UNROLL, unroll)):
             if value is not None:
                 sch.unannotate(root, key)
-        for block in sch.get_child_blocks(root):
-            loops = list(sch.get_loops(block))
+        for block in A.child_blocks(sch, root):
+            loops = list(A.loops_of(sch, block))
             if not loops:
                 continue
             if max_vec_bytes:
@@ -213,7 +213,7 @@ class RewriteParallelVectorizeUnroll(Postproc):
         if A.is_spatial(sch, block):
             return
         outer = loops[0]
-        node = sch.get(outer)
+        node = A.node(sch, outer)
         if int(node.kind) in (A.FOR_VECTORIZED, A.FOR_THREAD_BINDING):
             return
         if "pragma_auto_unroll_max_step" in node.annotations:

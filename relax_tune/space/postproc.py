@@ -24,7 +24,7 @@ class RewriteReductionBlock(Postproc):
         """Decompose every reduction block that still has an init; always True unless a
         primitive raises."""
         for block in self._reduction_blocks(sch):
-            loops = sch.get_loops(block)
+            loops = A.loops_of(sch, block)
             for loop in loops:
                 if A.loop_iter_type(sch, loop) != "S":
                     sch.decompose_reduction(block, loop)
@@ -34,4 +34,4 @@ class RewriteReductionBlock(Postproc):
     @staticmethod
     def _reduction_blocks(sch: Schedule) -> list[SBlockRV]:
         return [b for b in A.collect_blocks(sch)
-                if not A.is_root(sch, b) and sch.get(b).init is not None]
+                if not A.is_root(sch, b) and A.node(sch, b).init is not None]

@@ -41,5 +41,11 @@ class Postproc:
         """Rewrite ``sch`` in place; False when the candidate must be dropped."""
         raise NotImplementedError
 
+    def precheck(self, sch: Schedule) -> bool:
+        """A cheap look at the replayed sketch before any postprocessor runs: False when
+        ``apply`` is certain to reject it whatever the others do, so the candidate is
+        dropped before the expensive rewrites. The default accepts everything."""
+        return True
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
