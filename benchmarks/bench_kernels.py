@@ -8,9 +8,11 @@ Rows: ``numpy/OpenBLAS`` (the reference), ``untuned`` (the function as lowered),
 at each trial count (tuning wall time, trials/s), ``metaschedule`` at each ``--metaschedule``
 trial count (TVM's tune_tir with the builder initializer of
 shared/notes/metaschedule-baseline.md; ``tvm.s_tir.tensor_intrin`` imported before any clock).
-Every kernel is re-timed here (``time_evaluator`` number=10 repeat=5, median; 1x3 for kernels
-slower than 0.1 s) after tuning;
-for ``demo`` the whole VM call is timed (untuned vs the records applied).
+Every kernel is re-timed here after all tuning of its workload, interleaved with numpy and
+the other kernels, round after round (``benchmarks/timing.py``: this machine's speed drifts
+by 20-40% over minutes): "ms" is the median over rounds and "vs numpy" the median of the
+per-round ratios. The untuned kernel, too slow for rounds, is timed by 3 calls.
+For ``demo`` the whole VM call is timed (untuned vs the records applied).
 
 ``--prepack`` adds ``+pack`` rows: the same kernels tuned with the weight (matmul's B,
 conv2d's kernel) marked layout-free, as a compiled model's constant weights are
@@ -18,7 +20,7 @@ conv2d's kernel) marked layout-free, as a compiled model's constant weights are
 compile time in a model, is not timed (MetaSchedule's RewriteLayout gets the same marking).
 
 Timing on a small shared machine is noisy: every figure is a median of repeated runs, and the
-ratio to numpy measured in the same run is the number to compare across runs.
+ratio to numpy measured in the same rounds is the number to compare across runs.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import tvm
 from tvm import te, topi
 
 import relax_tune as rt
+from timing import interleaved, kernel_timer, numpy_timer
 from relax_tune.measure.prepack import packed_args
 from relax_tune.space.layout_rewrite import measurable_module
 from relax_tune.utils import ensure_tvm_threads, normalize_mod
@@ -74,10 +77,11 @@ def _import_tensor_intrin() -> None:
     import tvm.s_tir.tensor_intrin  # noqa: F401  (slow: once per MetaSchedule builder worker)
 
 
-def time_kernel(mod: tvm.IRModule, target, inputs, ref) -> float:
+def prepare_kernel(mod: tvm.IRModule, target, inputs, ref) -> tuple:
     """Compile ``mod`` (a workload, scheduled or not), check it against ``ref`` and return
-    its median seconds. When its schedule packs a weight, the packing runs once first and
-    only the kernel on the packed weight is timed, as in a model with constant weights."""
+    ``(lib, args, seconds of the checked call)``. When its schedule packs a weight, the
+    packing runs here, once, and ``args`` hold the packed weight: only the kernel is timed,
+    as in a model with constant weights."""
     measured, plan = measurable_module(mod["main"])
     lib = tvm.compile(measured, target).mod
     dev = tvm.cpu()
@@ -89,14 +93,21 @@ def time_kernel(mod: tvm.IRModule, target, inputs, ref) -> float:
     lib["main"](*args_)
     once = time.perf_counter() - start
     np.testing.assert_allclose(args_[-1].numpy(), expected, rtol=1e-3, atol=1e-3)
-    # a slow (untuned) kernel is timed 3 times, not 50
+    return lib, args_, once
+
+
+def time_kernel(mod: tvm.IRModule, target, inputs, ref) -> float:
+    """Median seconds of ``mod``'s kernel on its own (``prepare_kernel``; a slow one, such as
+    the untuned function, is timed by 3 calls)."""
+    lib, args_, once = prepare_kernel(mod, target, inputs, ref)
     number, repeat = (10, 5) if once < 0.1 else (1, 3)
-    timer = lib.time_evaluator("main", dev, number=number, repeat=repeat)
+    timer = lib.time_evaluator("main", tvm.cpu(), number=number, repeat=repeat)
     return float(np.median(timer(*args_).results))
 
 
-def metaschedule_kernel(func, target, trials: int, inputs, ref) -> tuple[float, float]:
-    """MetaSchedule's best kernel for ``func`` after ``trials`` trials: (seconds, tune wall)."""
+def metaschedule_kernel(func, target, trials: int, inputs, ref) -> tuple:
+    """MetaSchedule's best kernel for ``func`` after ``trials`` trials: (its timer, tune
+    wall seconds)."""
     from tvm.s_tir import meta_schedule as ms
 
     mod = normalize_mod(func)
@@ -106,7 +117,8 @@ def metaschedule_kernel(func, target, trials: int, inputs, ref) -> tuple[float, 
                          builder=ms.builder.LocalBuilder(initializer=_import_tensor_intrin))
         wall = time.perf_counter() - start
         sch = ms.tir_integration.compile_tir(db, mod, target)
-        return time_kernel(sch.mod, target, inputs, ref), wall
+        lib, args_, _ = prepare_kernel(sch.mod, target, inputs, ref)
+        return kernel_timer(lib, args_), wall
 
 
 def bench_demo(target, trials_list: list[int], rows: list) -> None:
@@ -123,9 +135,10 @@ def bench_demo(target, trials_list: list[int], rows: list) -> None:
     x, w1, b1, w2 = inputs
     flops = 2.0 * (784 * 256 + 256 * 10)
     np_secs = median_secs(lambda: np.maximum(x @ w1.T + b1, 0) @ w2.T, repeat=50)
-    rows.append(("demo", "numpy/OpenBLAS", "-", np_secs, flops, None))
+    rows.append(("demo", "numpy/OpenBLAS", "-", np_secs, flops, None, 1.0))
     before = time_model(lowered, target, inputs)
-    rows.append(("demo", "untuned", "-", before.median_secs, flops, None))
+    rows.append(("demo", "untuned", "-", before.median_secs, flops, None,
+                 np_secs / before.median_secs))
     for trials in trials_list:
         with tempfile.TemporaryDirectory() as work_dir:
             tasks = rt.extract_tasks(lowered, target)
@@ -138,7 +151,8 @@ def bench_demo(target, trials_list: list[int], rows: list) -> None:
             np.testing.assert_allclose(after.output, before.output, rtol=1e-4, atol=1e-4)
             done = sum(r.new_trials for r in reports)
             rows.append(("demo", "relax_tune", trials, after.median_secs, flops,
-                         (wall, done / wall, sum(r.failures for r in reports))))
+                         (wall, done / wall, sum(r.failures for r in reports)),
+                         np_secs / after.median_secs))
 
 
 def median_secs(fn, repeat: int = 7) -> float:
@@ -183,10 +197,9 @@ def main() -> None:
         func, flops, ref, shapes = WORKLOADS[name]()
         rng = np.random.default_rng(0)
         inputs = [rng.uniform(-1, 1, s).astype("float32") for s in shapes]
-        np_secs = median_secs(lambda: ref(*inputs))
-        rows.append((name, "numpy/OpenBLAS", "-", np_secs, flops, None))
+        timers = {"numpy": numpy_timer(lambda: ref(*inputs))}
+        tuned = []  # (what, trials, timer key, extra)
         untuned = time_kernel(normalize_mod(func), target, inputs, ref)
-        rows.append((name, "untuned", "-", untuned, flops, None))
         variants = [("", func)]
         if args.prepack:
             variants.append(("+pack", func.with_attr("layout_free_buffers",
@@ -202,23 +215,31 @@ def main() -> None:
                     # Re-time the applied best kernel here, in the same run as numpy.
                     db = rt.JSONDatabase(work_dir=work_dir)
                     sch = db.query_schedule(normalize_mod(variant), target)
-                    best = time_kernel(sch.mod, target, inputs, ref)
-                    rows.append((name, "relax_tune" + suffix, trials, best, flops,
-                                 (wall, report.new_trials / wall, report.failures)))
+                    lib, args_, _ = prepare_kernel(sch.mod, target, inputs, ref)
+                    key = f"relax_tune{suffix}@{trials}"
+                    timers[key] = kernel_timer(lib, args_)
+                    tuned.append(("relax_tune" + suffix, trials, key,
+                                  (wall, report.new_trials / wall, report.failures)))
             for trials in args.metaschedule:
-                best, wall = metaschedule_kernel(variant, target, trials, inputs, ref)
-                rows.append((name, "metaschedule" + suffix, trials, best, flops,
-                             (wall, trials / wall, 0)))
+                timer, wall = metaschedule_kernel(variant, target, trials, inputs, ref)
+                key = f"metaschedule{suffix}@{trials}"
+                timers[key] = timer
+                tuned.append(("metaschedule" + suffix, trials, key, (wall, trials / wall, 0)))
+        timed = interleaved(timers, "numpy")
+        np_secs = timed["numpy"][0]
+        rows.append((name, "numpy/OpenBLAS", "-", np_secs, flops, None, 1.0))
+        rows.append((name, "untuned", "-", untuned, flops, None, np_secs / untuned))
+        for what, trials, key, extra in tuned:
+            rows.append((name, what, trials, timed[key][0], flops, extra, timed[key][1]))
     print()
     print(f"{'workload':<9}{'what':<16}{'trials':>7}{'ms':>11}{'GFLOP/s':>9}{'vs numpy':>9}"
           f"{'tune s':>8}{'trials/s':>9}{'failed':>7}")
-    np_by = {r[0]: r[3] for r in rows if r[1].startswith("numpy")}
-    for name, what, trials, secs, flops, extra in rows:
+    for name, what, trials, secs, flops, extra, vs_numpy in rows:
         if secs is None:
             continue
         tail = f"{extra[0]:>8.1f}{extra[1]:>9.2f}{extra[2]:>7}" if extra else ""
         print(f"{name:<9}{what:<16}{trials!s:>7}{secs * 1e3:>11.3f}{flops / secs / 1e9:>9.1f}"
-              f"{np_by[name] / secs:>8.2f}x{tail}")
+              f"{vs_numpy:>8.2f}x{tail}")
 
 
 if __name__ == "__main__":

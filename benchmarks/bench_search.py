@@ -4,7 +4,8 @@
     python benchmarks/bench_search.py --workload matmul --trials 64 --no-ms
 
 For each workload and tuner it prints the best latency after 32/64/128 trials (each best
-kernel re-timed here, with one timer, in this process), the tuning wall time, seconds per
+kernel re-timed here after all tuners ran, interleaved round by round with numpy and the
+other kernels, ``benchmarks/timing.py``; median over rounds), the tuning wall time, seconds per
 trial, and for relax_tune the share of wall time spent outside build+run (search, cost
 model, database). MetaSchedule runs as the notes say is fair: tensor intrinsics imported
 once before the clock and in its builder workers' initializer, a target with num-cores.
@@ -25,6 +26,7 @@ import tvm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kernels import WORKLOADS  # noqa: E402  (same workload definitions)
+from timing import interleaved, kernel_timer, numpy_timer  # noqa: E402
 
 import relax_tune as rt  # noqa: E402
 from relax_tune.measure import LocalBuilder, LocalRunner  # noqa: E402
@@ -35,16 +37,24 @@ from relax_tune.utils import (FAILED_RUN_SECS, ensure_tvm_threads, normalize_mod
 
 
 class TimedBuilder(LocalBuilder):
-    """LocalBuilder that adds up the wall time of its build calls."""
+    """LocalBuilder that adds up the wall time from each submit to its results (what the
+    tuner does meanwhile, the search's prepare, counts as build time: it is hidden)."""
 
     spent = 0.0
 
-    def build(self, *args, **kwargs):
+    def submit(self, *args, **kwargs):
         start = time.perf_counter()
-        try:
-            return super().build(*args, **kwargs)
-        finally:
-            self.spent += time.perf_counter() - start
+        pending = super().submit(*args, **kwargs)
+        wait = pending.result
+
+        def result():
+            try:
+                return wait()
+            finally:
+                self.spent += time.perf_counter() - start
+
+        pending.result = result
+        return pending
 
 
 class TimedRunner(LocalRunner):
@@ -97,14 +107,13 @@ def best_after(records: list[tuple[list, float]], k: int) -> list | None:
     return min(valid, key=lambda x: x[0])[1] if valid else None
 
 
-def retime(mod: tvm.IRModule, trace: list, target, inputs: list[np.ndarray], out_shape) -> float:
-    """Median seconds of the kernel ``trace`` makes, timed here (10 calls x 5 repeats)."""
+def retimer(mod: tvm.IRModule, trace: list, target, inputs: list[np.ndarray], out_shape):
+    """A timer (``timing.kernel_timer``) of the kernel ``trace`` makes, compiled here."""
     sch = schedule_from_json(mod, trace)
     lib = tvm.compile(sch.mod, target).mod
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(x, dev) for x in inputs] + [tvm.runtime.empty(out_shape, "float32", dev)]
-    timer = lib.time_evaluator("main", dev, number=10, repeat=5)
-    return float(np.median(timer(*args).results))
+    return kernel_timer(lib, args)
 
 
 def run_relax_tune(mod, target, work_dir: str, trials: int, strategy: str, cost_model):
@@ -162,6 +171,8 @@ def main() -> None:
         rng = np.random.default_rng(0)
         inputs = [rng.uniform(-1, 1, s).astype("float32") for s in shapes]
         out_shape = ref(*inputs).shape
+        timers = {"numpy": numpy_timer(lambda: ref(*inputs))}
+        done = []
         for tuner in args.tuners:
             with tempfile.TemporaryDirectory() as work_dir:
                 if tuner == "metaschedule":
@@ -172,25 +183,35 @@ def main() -> None:
                     wall, measure = run_relax_tune(mod, target, work_dir, args.trials, strategy,
                                                    model)
                 records = records_in_order(work_dir)
-                bests = []
                 for k in checkpoints:
                     trace = best_after(records, k)
                     try:
-                        bests.append(None if trace is None else
-                                     retime(mod, trace, target, inputs, out_shape))
+                        if trace is not None:
+                            timers[f"{tuner}@{k}"] = retimer(mod, trace, target, inputs,
+                                                             out_shape)
                     except Exception as err:  # a trace we cannot replay: say so, go on
                         print(f"  {tuner}: cannot re-time its best after {k}: {err}")
-                        bests.append(None)
-            rows.append((name, tuner, len(records), bests, wall, measure, flops))
+            done.append((tuner, len(records), wall, measure))
             print(f"  done: {name} {tuner} in {wall:.0f} s", flush=True)
+        timed = interleaved(timers, "numpy")
+        for tuner, n, wall, measure in done:
+            bests = [timed[f"{tuner}@{k}"][0] if f"{tuner}@{k}" in timed else None
+                     for k in checkpoints]
+            last = next((f"{tuner}@{k}" for k in reversed(checkpoints)
+                         if f"{tuner}@{k}" in timed), None)
+            rows.append((name, tuner, n, bests, wall, measure, flops,
+                         timed[last][1] if last else None))
+        rows.append((name, "numpy/OpenBLAS", 0, [timed["numpy"][0]] * len(checkpoints),
+                     0.0, None, flops, 1.0))
     print(f"\nload after: {os.getloadavg()}")
     head = "".join(f"{'ms@' + str(k):>10}" for k in checkpoints)
-    print(f"{'workload':<8}{'tuner':<18}{'trials':>7}{head}{'GFLOP/s':>9}{'wall s':>8}"
-          f"{'s/trial':>8}{'outside b+r':>12}")
-    for name, tuner, n, bests, wall, measure, flops in rows:
+    print(f"{'workload':<8}{'tuner':<18}{'trials':>7}{head}{'GFLOP/s':>9}{'vs numpy':>9}"
+          f"{'wall s':>8}{'s/trial':>8}{'outside b+r':>12}")
+    for name, tuner, n, bests, wall, measure, flops, vs_numpy in rows:
         cells = "".join(f"{b * 1e3:>10.3f}" if b else f"{'-':>10}" for b in bests)
         last = next((b for b in reversed(bests) if b), None)
         gflops = f"{flops / last / 1e9:>9.1f}" if last else f"{'-':>9}"
+        gflops += f"{vs_numpy:>8.2f}x" if vs_numpy else f"{'-':>9}"
         outside = f"{(wall - measure) / wall:>11.0%}" if measure is not None else f"{'-':>12}"
         print(f"{name:<8}{tuner:<18}{n:>7}{cells}{gflops}{wall:>8.0f}{wall / max(n, 1):>8.2f}"
               f"{outside:>12}")

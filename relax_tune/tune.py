@@ -21,6 +21,7 @@ from .cost_model import cost_model_dir, make_cost_model
 from .extract import ExtractedTask, extract_tasks
 from .measure import LocalBuilder, LocalRunner, MeasureError, RunResult
 from .measure.base import ERROR_CRASHED, ERROR_TIMEOUT
+from .measure.head_to_head import DEFAULT_ROUNDS, head_to_head
 from .measure.verify import CorrectnessChecker
 from .progress import Progress
 from .scheduler import TaskProgress, TaskScheduler, make_scheduler
@@ -39,6 +40,11 @@ _BASELINE_ONE_CALL_SECS = 0.1
 """An untuned function slower than this per call is timed by one call (it is a baseline for
 the speedup, not a candidate to rank); with the correctness check on, that call also gives
 the check its reference outputs, so the untuned function runs once, not twice."""
+_CLEAR_WIN = 1.5
+"""A would-be best this many times faster than the best so far needs no head-to-head: the
+machine's drift stays well inside it (measured here: up to ~1.3x)."""
+_MAX_CHALLENGES = 4
+"""Head-to-heads per batch at most (later would-be bests keep their own timing)."""
 
 
 class AppliedLatency:
@@ -101,6 +107,10 @@ class _TaskState:
     progress: TaskProgress = None  # type: ignore[assignment]
     best_history: list[float] = field(default_factory=list)
     """Best latency after each trial measured in this run (inf until one is valid)."""
+    best_trace: list | None = None
+    """Trace of the best record (the incumbent of head-to-heads)."""
+    best_artifact: str | None = None
+    """Its library, when built in this run (built on demand otherwise)."""
 
 
 def _flops(mod: tvm.IRModule) -> float:
@@ -141,6 +151,7 @@ def tune_tasks(
     seed: int = 1,
     measure_baseline: bool = True,
     check_correctness: bool = True,
+    head_to_head_rounds: int = DEFAULT_ROUNDS,
     progress_bar: bool | None = None,
 ) -> list[TaskReport]:
     """Tune ``tasks`` and commit every measured candidate to the database.
@@ -172,12 +183,20 @@ def tune_tasks(
     a wrong one is recorded as failed ([1e10], never applied) and the next fastest is
     checked (``relax_tune.measure.verify``). The final best of every task has passed it.
 
+    Head-to-head (``head_to_head_rounds``; 0 turns it off): a candidate that would become
+    its task's best by less than 1.5x is timed again alternately with the best so far, that
+    many rounds, and recorded as the best's time times the mean per-round ratio
+    (``relax_tune.measure.head_to_head``). On a machine whose speed drifts, the best would
+    otherwise be the candidate measured in the fastest moment, not the fastest candidate.
+
     Returns one ``TaskReport`` per task, in the order given.
     """
     if max_trials_global < 0 or (max_trials_per_task is not None and max_trials_per_task < 0):
         raise RelaxTuneError("trial budgets must be >= 0")
     if num_trials_per_iter < 1:
         raise RelaxTuneError(f"num_trials_per_iter must be >= 1, not {num_trials_per_iter}")
+    if head_to_head_rounds < 0:
+        raise RelaxTuneError(f"head_to_head_rounds must be >= 0, not {head_to_head_rounds}")
     db = open_database(work_dir, database)
     scheduler = make_scheduler(task_scheduler, seed)
     per_task = max_trials_global if max_trials_per_task is None else max_trials_per_task
@@ -223,7 +242,7 @@ def tune_tasks(
                 continue
             for cand in cands:
                 st.measured.add(cand.key)
-            _measure(st, cands, db, builder, runner, checker)
+            _measure(st, cands, db, builder, runner, checker, head_to_head_rounds)
             remaining -= len(cands)
             _after_round(st, per_task, convergence_window)
             progress.advance(st.report, len(cands))
@@ -292,6 +311,7 @@ def _init_state(index: int, task: ExtractedTask, db: Database, strategy: str,
     records = db.get_records(workload)
     measured = {candidate_key(r.trace_json) for r in records}
     report = TaskReport(task.task_name, task.weight, _flops(task.mod))
+    best_trace = None
     for rec in records:
         key = candidate_key(rec.trace_json)
         if key == BASELINE_KEY:
@@ -302,6 +322,7 @@ def _init_state(index: int, task: ExtractedTask, db: Database, strategy: str,
         if rec.is_valid:
             if report.best_secs is None or rec.mean_run_secs < report.best_secs:
                 report.best_secs = rec.mean_run_secs
+                best_trace = rec.trace_json
         else:
             report.failures += 1
     task_seed = (seed * 1_000_003 + index * 7919) % (2**31 - 2) + 1
@@ -310,18 +331,25 @@ def _init_state(index: int, task: ExtractedTask, db: Database, strategy: str,
                          context=SearchContext(cost_model=cost_model, records=warm,
                                                task_name=task.task_name))
     return _TaskState(task, report, workload, search, measured,
-                      progress=TaskProgress(weight=task.weight, importance=1.0))
+                      progress=TaskProgress(weight=task.weight, importance=1.0),
+                      best_trace=best_trace)
 
 
 def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
              builder: LocalBuilder, runner: LocalRunner,
-             checker: CorrectnessChecker | None = None) -> None:
+             checker: CorrectnessChecker | None = None, rounds: int = 0) -> None:
     """Build, run and commit one batch of one task (None: the untuned function); update its
     report and tell the search how its candidates did."""
     task, report = st.task, st.report
     info = args_info(task.mod)
     traces = [None if c is None else c.trace_json for c in cands]
-    builds = builder.build(task.mod, task.target, traces)
+    if hasattr(builder, "submit"):
+        pending = builder.submit(task.mod, task.target, traces)
+        if None not in traces:
+            st.search.prepare(st.measured)  # model-free search work while the workers compile
+        builds = pending.result()
+    else:
+        builds = builder.build(task.mod, task.target, traces)
     best = report.best_secs or report.baseline_secs
     # Cut losses on hopeless candidates: time them once when one call takes over twice the best
     # (or past a second: such a kernel is timed well enough by one call).
@@ -335,6 +363,9 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
     if checker is not None and None not in traces:  # wrong would-be bests become failures
         runs = checker.screen(report.task_name, task.mod, task.target, info,
                               [b.artifact_path for b in builds], runs, report.best_secs)
+    if rounds > 0 and None not in traces:
+        runs = _challenge(st, [b.artifact_path for b in builds], runs, builder, runner,
+                          checker, info, rounds)
     measured_cands, measured_secs = [], []
     for cand, trace, build, run in zip(cands, traces, builds, runs):
         ok = build.error is None and run.error is None and run.run_secs
@@ -357,9 +388,69 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
             report.failures += 1
         elif report.best_secs is None or mean < report.best_secs:
             report.best_secs = mean
+            st.best_trace, st.best_artifact = trace, build.artifact_path
         st.best_history.append(report.best_secs or float("inf"))
     if measured_cands:
         st.search.update(measured_cands, measured_secs)
+
+
+def _challenge(st: _TaskState, artifacts: list[str | None], runs: list[RunResult],
+               builder: LocalBuilder, runner: LocalRunner,
+               checker: CorrectnessChecker | None, info: list, rounds: int) -> list[RunResult]:
+    """``runs`` with every would-be best (faster than the best so far by less than
+    ``_CLEAR_WIN``) re-timed head-to-head against the best so far and expressed in its
+    frame (``relax_tune.measure.head_to_head``); a winner becomes the incumbent of the next
+    challenge. Up to ``_MAX_CHALLENGES`` per batch, fastest first."""
+    task, report = st.task, st.report
+    out = list(runs)
+    best = report.best_secs
+    if best is None or st.best_trace is None:
+        return out
+    incumbent = _incumbent_artifact(st, builder)
+    screened = True  # the fastest would-be best has passed the correctness screen
+    done: set[int] = set()
+    for _ in range(_MAX_CHALLENGES):
+        pending = [i for i, r in enumerate(out)
+                   if i not in done and r.ok and artifacts[i] and r.mean_secs < best]
+        if not pending or incumbent is None:
+            break
+        i = min(pending, key=lambda j: out[j].mean_secs)
+        done.add(i)
+        if out[i].mean_secs * _CLEAR_WIN < best:
+            best, incumbent = out[i].mean_secs, artifacts[i]
+            screened = False
+            continue
+        if not screened and checker is not None:
+            error = checker.check(report.task_name, task.mod, task.target, info, artifacts[i])
+            if error is not None:
+                logger.warning("%s: candidate %d is recorded as failed: %s",
+                               report.task_name, i, error)
+                out[i] = RunResult(None, error, out[i].device)
+                continue
+        screened = False
+        ratios = head_to_head(runner, incumbent, artifacts[i], info, task.target, rounds)
+        if ratios is None:  # the incumbent (or the challenger) failed to run: keep its time
+            logger.debug("%s: head-to-head failed; candidate %d keeps its own timing",
+                         report.task_name, i)
+            continue
+        secs = [best * r for r in ratios]
+        logger.debug("%s: head-to-head of candidate %d: %.4g ms timed, %.4g ms against the "
+                     "best %.4g ms", report.task_name, i, out[i].mean_secs * 1e3,
+                     sum(secs) / len(secs) * 1e3, best * 1e3)
+        out[i] = RunResult(secs, None, out[i].device)
+        if sum(secs) / len(secs) < best:
+            best, incumbent = sum(secs) / len(secs), artifacts[i]
+    return out
+
+
+def _incumbent_artifact(st: _TaskState, builder: LocalBuilder) -> str | None:
+    """The library of the task's best so far: the one built in this run, or built now from
+    its record's trace (a resumed run)."""
+    if st.best_artifact is not None and os.path.exists(st.best_artifact):
+        return st.best_artifact
+    build = builder.build(st.task.mod, st.task.target, [st.best_trace])[0]
+    st.best_artifact = build.artifact_path if build.ok else None
+    return st.best_artifact
 
 
 def _time_baseline(target, info: list, artifact: str | None, runner: LocalRunner,

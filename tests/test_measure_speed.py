@@ -1,6 +1,7 @@
 """Tests of what keeps a trial cheap: a batch's slow candidates are cut short once a faster
 one is known (``LocalRunner(slow_ratio=...)``), a slow untuned function runs once for both
-its baseline time and the correctness reference (``time_and_fetch``), workers start early.
+its baseline time and the correctness reference (``time_and_fetch``), workers start early;
+and what keeps the best honest: a would-be best is re-timed head-to-head with the best.
 Real kernels on this CPU; only orders of magnitude are relied on (a naive 256^3 matmul is
 tens of times slower than a parallel, vectorised one)."""
 
@@ -12,9 +13,10 @@ import numpy as np
 import pytest
 
 import relax_tune as rt
-from relax_tune import utils
+from relax_tune import tune, utils
 from relax_tune.database import JSONDatabase
-from relax_tune.measure import LocalBuilder, LocalRunner, MeasureError
+from relax_tune.measure import LocalBuilder, LocalRunner, MeasureError, RunResult
+from relax_tune.measure.head_to_head import head_to_head
 
 from workloads import matmul_mod, tiled_matmul_trace
 
@@ -117,3 +119,39 @@ def test_candidate_near_the_cut_gets_single_call_repeats(built, mod256, target):
         assert slow.ok and len(slow.run_secs) == 3 and slow.mean_secs > fast.mean_secs
     with pytest.raises(rt.RelaxTuneError, match="near_ratio"):
         LocalRunner(near_ratio=0.5)
+
+
+def test_head_to_head_ratios(built, mod256, target):
+    """The untuned kernel against the tiled one: every round says it is far slower; a
+    kernel against itself: about even."""
+    info = utils.args_info(mod256)
+    fast, slow = built
+    with LocalRunner(number=2, repeat=2) as runner:
+        ratios = head_to_head(runner, fast, slow, info, target, rounds=3)
+        assert ratios is not None and len(ratios) == 3
+        assert min(ratios) > 3, ratios
+        even = head_to_head(runner, fast, fast, info, target, rounds=2)
+        assert even is not None and all(0.5 < r < 2 for r in even), even
+        assert head_to_head(runner, fast, "/nonexistent.so", info, target, rounds=1) is None
+
+
+def test_lucky_timing_does_not_crown_a_slow_candidate(built, mod256, target, tmp_path):
+    """A slow candidate whose batch timing came out just under the best (a fast spell of the
+    machine) is re-timed against the best and recorded in its frame: far slower. A clear
+    winner keeps its own timing. In a resumed run the incumbent is rebuilt from its trace."""
+    fast, slow = built
+    info = utils.args_info(mod256)
+    task = rt.extract_tasks(mod256, target)[0]
+    st = tune._init_state(0, task, JSONDatabase(work_dir=str(tmp_path)), "replay", 1)
+    with LocalBuilder(max_workers=1) as builder, LocalRunner(number=2, repeat=2) as runner:
+        best = runner.run([fast], info, target)[0].mean_secs
+        st.report.best_secs = best
+        st.best_trace = tiled_matmul_trace(mod256, k_inside_rows=False)
+        lucky = [RunResult([0.7 * best], None), RunResult([0.8 * best], None)]
+        out = tune._challenge(st, [slow, fast], lucky, builder, runner, None, info, 2)
+        assert st.best_artifact is not None and st.best_artifact not in built  # rebuilt
+        assert out[0].mean_secs > 3 * best, (out[0], best)
+        assert 0.4 * best < out[1].mean_secs < 2.5 * best, (out[1], best)
+        clear = tune._challenge(st, [slow], [RunResult([best / 3], None)], builder, runner,
+                                None, info, 2)
+        assert clear[0].run_secs == [best / 3]

@@ -117,6 +117,7 @@ class LocalBuilder(Builder):
               traces: list[list | None]) -> list[BuildResult]:
         """Replay each plain-JSON trace on ``workload`` in a persistent worker, compile the
         result for ``target`` and export it as a ``.so`` whose entry function is ``main``.
+        (``submit(...).result()``.)
 
         ``workload`` is a single-function module keyed ``main`` (``utils.normalize_mod``; a
         bare PrimFunc is normalised here). A trace is the plain JSON of
@@ -125,8 +126,15 @@ class LocalBuilder(Builder):
         ``BuildResult`` per trace, in order. A trace that fails to replay, a compile error,
         a crashed worker or a timeout gives a failed result; nothing raises for a candidate.
         """
+        return self.submit(workload, target, traces).result()
+
+    def submit(self, workload: tvm.IRModule, target: tvm.target.Target | str | dict,
+               traces: list[list | None]) -> "PendingBuild":
+        """Start building (as ``build``) and return at once; ``result()`` of the returned
+        object waits for the results. The caller can do other work meanwhile (the tuner
+        samples the next candidates while the workers compile)."""
         if not traces:
-            return []
+            return PendingBuild(self, [], "")
         target = parse_target(target)
         if not isinstance(workload, tvm.IRModule):
             workload = normalize_mod(workload)
@@ -145,11 +153,7 @@ class LocalBuilder(Builder):
             future = pool.submit(_worker.build_candidate, digest, script, target_json,
                                  trace_json, out_path)
             jobs.append((out_path, future))
-        results = [job if isinstance(job, BuildResult) else self._collect(path, job)
-                   for path, job in jobs]
-        n_ok = sum(r.ok for r in results)
-        logger.debug("built %d/%d candidates of workload %s", n_ok, len(results), digest[:12])
-        return results
+        return PendingBuild(self, jobs, digest)
 
     def _collect(self, out_path: str, future: Future) -> BuildResult:
         try:
@@ -206,3 +210,23 @@ class LocalBuilder(Builder):
             logger.debug("builder pool shut down in %.2f s", time.perf_counter() - start)
         if self._owns_dir:
             shutil.rmtree(self.artifact_dir, ignore_errors=True)
+
+
+class PendingBuild:
+    """Builds under way in a ``LocalBuilder`` (``LocalBuilder.submit``)."""
+
+    def __init__(self, builder: LocalBuilder, jobs: list[tuple[str, Future | BuildResult]],
+                 digest: str) -> None:
+        self._builder, self._jobs, self._digest = builder, jobs, digest
+        self._results: list[BuildResult] | None = None
+
+    def result(self) -> list[BuildResult]:
+        """Wait for every build; one ``BuildResult`` per trace, in order (as ``build``)."""
+        if self._results is None:
+            self._results = [job if isinstance(job, BuildResult)
+                             else self._builder._collect(path, job) for path, job in self._jobs]
+            if self._results:
+                logger.debug("built %d/%d candidates of workload %s",
+                              sum(r.ok for r in self._results), len(self._results),
+                              self._digest[:12])
+        return self._results

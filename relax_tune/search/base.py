@@ -56,7 +56,8 @@ class SearchStrategy:
     ``next_candidates(n, exclude)`` returns up to ``n`` new candidates, never one returned
     before or whose key is in ``exclude``; fewer (possibly none) when the space is exhausted.
     ``update(candidates, run_secs)`` tells the strategy how measured candidates did (a no-op
-    for strategies that do not learn).
+    for strategies that do not learn). ``prepare(exclude)`` is called while a batch builds:
+    a strategy may do there the work of its next call that needs no measurement.
     """
 
     name = "base"
@@ -68,4 +69,8 @@ class SearchStrategy:
 
     def update(self, candidates: list[Candidate], run_secs: list[float]) -> None:
         """Measured results of earlier candidates (mean seconds; failures as a large value)."""
+        return None
+
+    def prepare(self, exclude: set[str] | frozenset[str] = frozenset()) -> None:
+        """Work ahead for the next ``next_candidates`` while a batch builds (default: none)."""
         return None

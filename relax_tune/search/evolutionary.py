@@ -116,6 +116,7 @@ class EvolutionarySearch(SearchStrategy):
         self._programs: set[int] = set()
         self._parents: dict[str, _Parent] = {}
         self._given: dict[str, np.ndarray] = {}  # features of returned candidates
+        self._prepared = False  # this call's fresh samples were drawn by prepare()
         self.errors: dict[str, int] = {}
         """Why samples and mutants were dropped: reason -> count."""
         self.stats = {"replays": 0, "replay_secs": 0.0, "feature_secs": 0.0,
@@ -253,7 +254,9 @@ class EvolutionarySearch(SearchStrategy):
             del self._pool[key]
         if not self._tunable:
             return self._untunable(n, exclude)
-        self._sample_fresh(max(self.fresh_per_call, n - len(self._pool)), exclude)
+        if not self._prepared:
+            self._sample_fresh(max(self.fresh_per_call, n - len(self._pool)), exclude)
+        self._prepared = False
         self._evolve(exclude)
         if len(self._pool) < n:
             self._sample_fresh(n - len(self._pool), exclude)
@@ -268,6 +271,14 @@ class EvolutionarySearch(SearchStrategy):
         logger.debug("evolutionary search %s: %d candidates, pool %d, %s", self.task, len(out),
                      len(self._pool), self.errors)
         return out
+
+    def prepare(self, exclude: set[str] | frozenset[str] = frozenset()) -> None:
+        """Draw the next call's fresh design-space samples now (they need neither the cost
+        model nor the measurements under way): the tuner calls this while the builders
+        compile the current batch, so the sampling overlaps the builds."""
+        if self._tunable and not self._prepared:
+            self._sample_fresh(self.fresh_per_call, exclude)
+            self._prepared = True
 
     def _select(self, n: int) -> list[Candidate]:
         ranked = sorted(self._pool.values(), key=lambda e: -e.score)
