@@ -6,6 +6,11 @@ The development box's speed drifts by 20-40% over seconds to minutes (the same l
 ten minutes later compares two spells, not two kernels. Here each round times every
 contender back to back; a contender's figure is its median over rounds, and its ratio to the
 reference is the median of the per-round ratios.
+
+Before each timing the process sleeps ``pause`` seconds: numpy's OpenBLAS threads spin for
+about 0.1 s after a call (``OPENBLAS_THREAD_TIMEOUT``, 2^28 cycles), and a TVM kernel timed
+while they spin gets one of the two cores: measured here, a 1.3 ms conv2d timed 2.5-3.5 ms
+right after numpy, and numpy 20-40 ms instead of 12 right after TVM.
 """
 
 from __future__ import annotations
@@ -46,16 +51,17 @@ def kernel_timer(lib: tvm.runtime.Module, args: list, min_secs: float = 0.05
     return lambda: float(evaluator(*args).mean)
 
 
-def interleaved(timers: dict[str, Callable[[], float]], reference: str, rounds: int = 7
-                ) -> dict[str, tuple[float, float]]:
+def interleaved(timers: dict[str, Callable[[], float]], reference: str, rounds: int = 7,
+                pause: float = 0.3) -> dict[str, tuple[float, float]]:
     """Time every timer once per round for ``rounds`` rounds (the order rotates each
-    round). Returns ``name -> (median secs, median per-round ratio reference / name)``: the
+    round; ``pause`` seconds of sleep before each timing). Returns ``name -> (median secs, median per-round ratio reference / name)``: the
     ratio is the speed relative to the reference (above 1: faster)."""
     names = list(timers)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
+            time.sleep(pause)
             samples[name].append(timers[name]())
     ref = samples[reference]
     return {n: (float(np.median(s)), float(np.median([a / b for a, b in zip(ref, s)])))

@@ -10,6 +10,10 @@ Each ``next_candidates`` call:
 3. returns ``n`` candidates: the best-predicted pool entries, except an ``epsilon`` share
    drawn at random from the pool (exploration while the model is still wrong).
 
+Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
+builds (they overlap the builds); the call then only re-scores the pool with the model that
+has learnt that batch, and selects.
+
 Nothing already measured, excluded or returned before is ever returned, and no two returned
 candidates lower to the same program. Without a cost model, scores are random.
 """
@@ -256,8 +260,8 @@ class EvolutionarySearch(SearchStrategy):
             return self._untunable(n, exclude)
         if not self._prepared:
             self._sample_fresh(max(self.fresh_per_call, n - len(self._pool)), exclude)
+            self._evolve(exclude)
         self._prepared = False
-        self._evolve(exclude)
         if len(self._pool) < n:
             self._sample_fresh(n - len(self._pool), exclude)
         self._score_pool()
@@ -273,11 +277,14 @@ class EvolutionarySearch(SearchStrategy):
         return out
 
     def prepare(self, exclude: set[str] | frozenset[str] = frozenset()) -> None:
-        """Draw the next call's fresh design-space samples now (they need neither the cost
-        model nor the measurements under way): the tuner calls this while the builders
-        compile the current batch, so the sampling overlaps the builds."""
+        """Grow the pool for the next call now: fresh samples and the mutation rounds, from
+        the parents and the model as they are before the batch under way is measured. The
+        tuner calls this while the builders compile that batch, so the search overlaps the
+        builds; the next call then only re-scores the pool with the updated model and
+        selects (the batch's results become parents one call later)."""
         if self._tunable and not self._prepared:
             self._sample_fresh(self.fresh_per_call, exclude)
+            self._evolve(exclude)
             self._prepared = True
 
     def _select(self, n: int) -> list[Candidate]:

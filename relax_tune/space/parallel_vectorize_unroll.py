@@ -181,7 +181,10 @@ class RewriteParallelVectorizeUnroll(Postproc):
         if not divisors:
             return loops
         multiples = [d for d in divisors if d % lanes == 0]
-        factor = max(multiples) if multiples else max(divisors)
+        # Without a multiple of the lanes, at most one register: an odd width such as 29
+        # lanes compiles slowly (LLVM legalises it piece by piece) into poor code.
+        factor = max(multiples) if multiples else max([d for d in divisors if d <= lanes],
+                                                      default=1)
         if factor < min(lanes, 4):
             return loops
         outer, vec = sch.split(loops[-1], [None, factor])
