@@ -134,7 +134,7 @@ def bench_demo(target, trials_list: list[int], rows: list) -> None:
     inputs = demo_inputs(params)
     x, w1, b1, w2 = inputs
     flops = 2.0 * (784 * 256 + 256 * 10)
-    np_secs = median_secs(lambda: np.maximum(x @ w1.T + b1, 0) @ w2.T, repeat=50)
+    np_secs = numpy_timer(lambda: np.maximum(x @ w1.T + b1, 0) @ w2.T, calls=50)()
     rows.append(("demo", "numpy/OpenBLAS", "-", np_secs, flops, None, 1.0))
     before = time_model(lowered, target, inputs)
     rows.append(("demo", "untuned", "-", before.median_secs, flops, None,
@@ -153,17 +153,6 @@ def bench_demo(target, trials_list: list[int], rows: list) -> None:
             rows.append(("demo", "relax_tune", trials, after.median_secs, flops,
                          (wall, done / wall, sum(r.failures for r in reports)),
                          np_secs / after.median_secs))
-
-
-def median_secs(fn, repeat: int = 7) -> float:
-    """Median wall time of ``fn()`` over ``repeat`` calls after one warm-up."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
 
 
 def main() -> None:
