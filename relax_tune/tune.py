@@ -108,9 +108,12 @@ class _TaskState:
     best_history: list[float] = field(default_factory=list)
     """Best latency after each trial measured in this run (inf until one is valid)."""
     best_trace: list | None = None
-    """Trace of the best record (the incumbent of head-to-heads)."""
+    """Trace of the best record."""
     best_artifact: str | None = None
     """Its library, when built in this run (built on demand otherwise)."""
+    reference: tuple[str, float] | None = None
+    """(library, recorded secs) of the kernel that head-to-heads compare with: the best when
+    the first one was needed, replaced only by a clear winner (see ``_challenge``)."""
 
 
 def _flops(mod: tvm.IRModule) -> float:
@@ -184,9 +187,9 @@ def tune_tasks(
     checked (``relax_tune.measure.verify``). The final best of every task has passed it.
 
     Head-to-head (``head_to_head_rounds``; 0 turns it off): a candidate that would become
-    its task's best by less than 1.5x is timed again alternately with the best so far, that
-    many rounds, and recorded as the best's time times the mean per-round ratio
-    (``relax_tune.measure.head_to_head``). On a machine whose speed drifts, the best would
+    its task's best by less than 1.5x is timed again alternately with a reference kernel of
+    the task (an earlier best), that many rounds, and recorded as the reference's time times
+    the per-round ratios (``relax_tune.measure.head_to_head``). On a machine whose speed drifts, the best would
     otherwise be the candidate measured in the fastest moment, not the fastest candidate.
 
     Returns one ``TaskReport`` per task, in the order given.
@@ -398,26 +401,35 @@ def _challenge(st: _TaskState, artifacts: list[str | None], runs: list[RunResult
                builder: LocalBuilder, runner: LocalRunner,
                checker: CorrectnessChecker | None, info: list, rounds: int) -> list[RunResult]:
     """``runs`` with every would-be best (faster than the best so far by less than
-    ``_CLEAR_WIN``) re-timed head-to-head against the best so far and expressed in its
-    frame (``relax_tune.measure.head_to_head``); a winner becomes the incumbent of the next
-    challenge. Up to ``_MAX_CHALLENGES`` per batch, fastest first."""
+    ``_CLEAR_WIN``) re-timed head-to-head against the task's reference kernel and recorded
+    in its frame: reference secs x the per-round ratios (``relax_tune.measure.head_to_head``).
+    Up to ``_MAX_CHALLENGES`` per batch, fastest first.
+
+    The reference stays fixed (the best when the first head-to-head was needed) instead of
+    following each winner: chaining ratios would compound the winners' luck, a little per
+    noisy win, into a best far faster than any re-timing. Only a clear winner (timed
+    ``_CLEAR_WIN`` times faster) becomes the new reference, with its own timing: ratios
+    between kernels that far apart are less steady."""
     task, report = st.task, st.report
     out = list(runs)
     best = report.best_secs
     if best is None or st.best_trace is None:
         return out
-    incumbent = _incumbent_artifact(st, builder)
+    if st.reference is None or not os.path.exists(st.reference[0]):
+        incumbent = _incumbent_artifact(st, builder)
+        st.reference = None if incumbent is None else (incumbent, best)
     screened = True  # the fastest would-be best has passed the correctness screen
     done: set[int] = set()
     for _ in range(_MAX_CHALLENGES):
         pending = [i for i, r in enumerate(out)
                    if i not in done and r.ok and artifacts[i] and r.mean_secs < best]
-        if not pending or incumbent is None:
+        if not pending or st.reference is None:
             break
         i = min(pending, key=lambda j: out[j].mean_secs)
         done.add(i)
         if out[i].mean_secs * _CLEAR_WIN < best:
-            best, incumbent = out[i].mean_secs, artifacts[i]
+            best = out[i].mean_secs
+            st.reference = (artifacts[i], best)
             screened = False
             continue
         if not screened and checker is not None:
@@ -428,18 +440,19 @@ def _challenge(st: _TaskState, artifacts: list[str | None], runs: list[RunResult
                 out[i] = RunResult(None, error, out[i].device)
                 continue
         screened = False
-        ratios = head_to_head(runner, incumbent, artifacts[i], info, task.target, rounds)
-        if ratios is None:  # the incumbent (or the challenger) failed to run: keep its time
+        ref_artifact, ref_secs = st.reference
+        ratios = head_to_head(runner, ref_artifact, artifacts[i], info, task.target, rounds)
+        if ratios is None:  # the reference (or the challenger) failed to run: keep its time
             logger.debug("%s: head-to-head failed; candidate %d keeps its own timing",
                          report.task_name, i)
             continue
-        secs = [best * r for r in ratios]
+        secs = [ref_secs * r for r in ratios]
+        mean = sum(secs) / len(secs)
         logger.debug("%s: head-to-head of candidate %d: %.4g ms timed, %.4g ms against the "
-                     "best %.4g ms", report.task_name, i, out[i].mean_secs * 1e3,
-                     sum(secs) / len(secs) * 1e3, best * 1e3)
+                     "reference (%.4g ms)", report.task_name, i, out[i].mean_secs * 1e3,
+                     mean * 1e3, ref_secs * 1e3)
         out[i] = RunResult(secs, None, out[i].device)
-        if sum(secs) / len(secs) < best:
-            best, incumbent = sum(secs) / len(secs), artifacts[i]
+        best = min(best, mean)
     return out
 
 

@@ -1,16 +1,16 @@
 """Head-to-head timing: a candidate about to become its task's best is timed again, in
-alternation with the best so far, before it is recorded.
+alternation with a reference kernel of the task (an earlier best), before it is recorded.
 
 Why: the speed of a shared machine drifts. On the 2-core development box the same library
 times 1.27 ms for a minute and 1.50 ms the next (a neighbour on the sibling hyperthread, the
 clock), and the drift hits kernels unevenly. A candidate timed in a fast spell then looks
 better than a better one timed in a slow spell, and the more candidates a run measures, the
 surer its recorded best is such a lucky measurement (the winner's curse: 256-trial runs
-re-timed slower than 64-trial ones). Timing challenger and incumbent alternately, round by
+re-timed slower than 64-trial ones). Timing challenger and reference alternately, round by
 round, puts both in the same spell; the mean of the per-round ratios decides (the database
 ranks records by their mean).
 
-The challenger's record is written in the incumbent's frame: ``incumbent_secs * ratio`` for
+The challenger's record is written in the reference's frame: ``reference_secs * ratio`` for
 each round, so the database keeps ranking every record of the task on one scale.
 """
 
@@ -23,20 +23,20 @@ from .base import Runner
 DEFAULT_ROUNDS = 3
 
 
-def head_to_head(runner: Runner, incumbent: str, challenger: str, args_info: list,
+def head_to_head(runner: Runner, reference: str, challenger: str, args_info: list,
                  target: Any, rounds: int = DEFAULT_ROUNDS) -> list[float] | None:
-    """Time ``incumbent`` and ``challenger`` (artifact paths) alternately, ``rounds`` pairs
+    """Time ``reference`` and ``challenger`` (artifact paths) alternately, ``rounds`` pairs
     (the order flips every round so neither always goes first), and return the per-round
-    ratios challenger / incumbent, or None when either failed to run in some round."""
+    ratios challenger / reference, or None when either failed to run in some round."""
     artifacts: list[str | None] = []
     for k in range(rounds):
-        artifacts += [incumbent, challenger] if k % 2 == 0 else [challenger, incumbent]
+        artifacts += [reference, challenger] if k % 2 == 0 else [challenger, reference]
     results = runner.run(artifacts, args_info, target)
     if len(results) != len(artifacts) or not all(r.ok for r in results):
         return None
     ratios = []
     for k in range(rounds):
         first, second = results[2 * k], results[2 * k + 1]
-        inc, cha = (first, second) if k % 2 == 0 else (second, first)
-        ratios.append(cha.mean_secs / inc.mean_secs)
+        ref, cha = (first, second) if k % 2 == 0 else (second, first)
+        ratios.append(cha.mean_secs / ref.mean_secs)
     return ratios
