@@ -189,8 +189,9 @@ def tune_tasks(
     Head-to-head (``head_to_head_rounds``; 0 turns it off): a candidate that would become
     its task's best by less than 1.5x is timed again alternately with a reference kernel of
     the task (an earlier best), that many rounds, and recorded as the reference's time times
-    the per-round ratios (``relax_tune.measure.head_to_head``). On a machine whose speed drifts, the best would
-    otherwise be the candidate measured in the fastest moment, not the fastest candidate.
+    the per-round ratios (``relax_tune.measure.head_to_head``). On a machine whose speed
+    drifts, the best would otherwise be the candidate measured in the fastest moment, not
+    the fastest candidate.
 
     Returns one ``TaskReport`` per task, in the order given.
     """
@@ -349,7 +350,7 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
     if _can_submit(builder):
         pending = builder.submit(task.mod, task.target, traces)
         if None not in traces:
-            st.search.prepare(st.measured)  # model-free search work while the workers compile
+            st.search.prepare(st.measured)  # the next batch's search, while the workers compile
         builds = pending.result()
     else:
         builds = builder.build(task.mod, task.target, traces)
