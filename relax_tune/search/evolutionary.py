@@ -120,7 +120,7 @@ class EvolutionarySearch(SearchStrategy):
         self._programs: set[int] = set()
         self._parents: dict[str, _Parent] = {}
         self._given: dict[str, np.ndarray] = {}  # features of returned candidates
-        self._prepared = False  # this call's fresh samples were drawn by prepare()
+        self._prepared = False  # the next call's pool was grown by prepare() already
         self.errors: dict[str, int] = {}
         """Why samples and mutants were dropped: reason -> count."""
         self.stats = {"replays": 0, "replay_secs": 0.0, "feature_secs": 0.0,
