@@ -347,13 +347,10 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
     task, report = st.task, st.report
     info = args_info(task.mod)
     traces = [None if c is None else c.trace_json for c in cands]
-    if _can_submit(builder):
-        pending = builder.submit(task.mod, task.target, traces)
-        if None not in traces:
-            st.search.prepare(st.measured)  # the next batch's search, while the workers compile
-        builds = pending.result()
-    else:
-        builds = builder.build(task.mod, task.target, traces)
+    pending = builder.submit(task.mod, task.target, traces)
+    if None not in traces:
+        st.search.prepare(st.measured)  # the next batch's search, while the workers compile
+    builds = pending.result()
     best = report.best_secs or report.baseline_secs
     # Cut losses on hopeless candidates: time them once when one call takes over twice the best
     # (or past a second: such a kernel is timed well enough by one call).
@@ -396,14 +393,6 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
         st.best_history.append(report.best_secs or float("inf"))
     if measured_cands:
         st.search.update(measured_cands, measured_secs)
-
-
-def _can_submit(builder: LocalBuilder) -> bool:
-    """Whether the builder starts builds and collects them later (``LocalBuilder.submit``).
-    A subclass that overrides ``build`` alone keeps being called through its ``build``."""
-    cls = type(builder)
-    return isinstance(builder, LocalBuilder) and (
-        cls.build is LocalBuilder.build or cls.submit is not LocalBuilder.submit)
 
 
 def _challenge(st: _TaskState, artifacts: list[str | None], runs: list[RunResult],

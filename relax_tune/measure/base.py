@@ -154,6 +154,11 @@ class Builder:
         trace, in order; never raises for a failing candidate."""
         raise NotImplementedError
 
+    def submit(self, workload: Any, target: Any, traces: list[list | None]) -> "BuildsDone":
+        """Start ``build`` and return an object whose ``result()`` gives its results; the
+        caller may work meanwhile. By default the builds run here, before returning."""
+        return BuildsDone(self.build(workload, target, traces))
+
     def shutdown(self) -> None:
         """Release the builder's workers and temporary files; idempotent."""
 
@@ -162,6 +167,17 @@ class Builder:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+class BuildsDone:
+    """Builds already finished (what ``Builder.submit`` returns by default)."""
+
+    def __init__(self, results: list[BuildResult]) -> None:
+        self._results = results
+
+    def result(self) -> list[BuildResult]:
+        """The build results, one per trace, in order."""
+        return self._results
 
 
 class Runner:

@@ -20,8 +20,8 @@ from tvm.support.popen_pool import PopenPoolExecutor
 
 from ..utils import RelaxTuneError, normalize_mod, parse_target, to_plain, trace_to_json
 from . import _worker, prepack
-from .base import (ERROR_CRASHED, ERROR_TIMEOUT, Builder, BuildResult, logger, short_error,
-                   worker_import_error, worker_output)
+from .base import (ERROR_CRASHED, ERROR_TIMEOUT, Builder, BuildResult, BuildsDone, logger,
+                   short_error, worker_import_error, worker_output)
 
 
 def _digest(text: str) -> str:
@@ -126,13 +126,20 @@ class LocalBuilder(Builder):
         ``BuildResult`` per trace, in order. A trace that fails to replay, a compile error,
         a crashed worker or a timeout gives a failed result; nothing raises for a candidate.
         """
-        return self.submit(workload, target, traces).result()
+        return self._start(workload, target, traces).result()
 
     def submit(self, workload: tvm.IRModule, target: tvm.target.Target | str | dict,
-               traces: list[list | None]) -> "PendingBuild":
+               traces: list[list | None]) -> "PendingBuild | BuildsDone":
         """Start building (as ``build``) and return at once; ``result()`` of the returned
         object waits for the results. The caller can do other work meanwhile (the tuner
-        samples the next candidates while the workers compile)."""
+        prepares the next candidates while the workers compile). A subclass that overrides
+        ``build`` alone is built through its ``build``, before this returns."""
+        if type(self).build is not LocalBuilder.build:
+            return super().submit(workload, target, traces)
+        return self._start(workload, target, traces)
+
+    def _start(self, workload: tvm.IRModule, target: tvm.target.Target | str | dict,
+               traces: list[list | None]) -> "PendingBuild":
         if not traces:
             return PendingBuild(self, [], "")
         target = parse_target(target)

@@ -198,62 +198,37 @@ class LimitRegisterTile(Postproc):
 
     def apply(self, sch: Schedule) -> bool:
         """False when some tiled block's register tile is past the budget or too small."""
-        for block in A.collect_blocks(sch):
-            if A.is_root(sch, block):
-                continue
-            blk = A.node(sch, block)
-            if ANN_TILED not in blk.annotations or blk.init is None and not _updates(blk):
-                continue
-            regs = self.registers(sch, block)
+        for lanes, inner, whole in self._tiles(sch):
+            regs = 1
+            for loop in inner:
+                extent = A._const_int(loop.extent) or 1
+                regs *= -(-extent // lanes) if int(loop.kind) == A.FOR_VECTORIZED else extent
             if regs > self.budget:
                 return False
-            if regs < self.min_registers and regs < self.spatial_registers(sch, block):
+            if regs < self.min_registers and regs < -(-whole // lanes):
                 return False
         return True
 
     def precheck(self, sch: Schedule) -> bool:
         """Before vectorisation: reject a tile that is past the budget even if its
         accumulators were packed into full vectors, or below the minimum even if none were
-        (vectorising only moves the count between those bounds). Reads the IR only: schedule
-        queries here would be recorded in the sketch part of the trace."""
-        for blk, elems, whole in _register_tiles(sch.mod[A.func_name_of(sch)].body):
-            lanes = self.params.lanes(A._buffer_dtype(blk.writes[0].source))
+        (vectorising only moves the count between those bounds)."""
+        for lanes, inner, whole in self._tiles(sch):
+            elems = 1
+            for loop in inner:
+                elems *= A._const_int(loop.extent) or 1
             if -(-elems // lanes) > self.budget:
                 return False
             if elems < self.min_registers and elems < -(-whole // lanes):
                 return False
         return True
 
-    def spatial_registers(self, sch: Schedule, block: SBlockRV) -> int:
-        """SIMD registers the block's whole output would take (the largest possible tile)."""
-        lanes = self.params.lanes(A.write_dtype(sch, block))
-        elems = 1
-        for iv in A.node(sch, block).iter_vars:
-            if int(iv.iter_type) == A.DATA_PAR:
-                elems *= A._const_int(iv.dom.extent) or 1
-        return -(-elems // lanes)
-
-    def registers(self, sch: Schedule, block: SBlockRV) -> int:
-        """SIMD registers the accumulators under the block's last reduction loop take."""
-        lanes = self.params.lanes(A.write_dtype(sch, block))
-        regs = 1
-        for loop in self._inner_spatial(sch, block):
-            extent = A.loop_extent(sch, loop) or 1
-            if A.loop_kind(sch, loop) == A.FOR_VECTORIZED:
-                regs *= -(-extent // lanes)
-            else:
-                regs *= extent
-        return regs
-
-    @staticmethod
-    def _inner_spatial(sch: Schedule, block: SBlockRV) -> list[LoopRV]:
-        """The spatial loops inside the block's last reduction loop (its register tile)."""
-        inner: list[LoopRV] = []
-        for loop in reversed(A.loops_of(sch, block)):
-            if A.loop_iter_type(sch, loop) != "S":
-                break
-            inner.insert(0, loop)
-        return inner
+    def _tiles(self, sch: Schedule):
+        """(SIMD lanes of the written type, the loops of the register tile, elements of the
+        whole spatial output) of every tiled reduction block. Reads the IR only: schedule
+        queries would be recorded in the trace (in the sketch part, during ``precheck``)."""
+        for blk, inner, whole in _register_tiles(sch.mod[A.func_name_of(sch)].body):
+            yield self.params.lanes(A._buffer_dtype(blk.writes[0].source)), inner, whole
 
 
 def _updates(blk) -> bool:
@@ -264,14 +239,10 @@ def _updates(blk) -> bool:
     return any(r.source.same_as(out) for r in blk.reads)
 
 
-def _loop_vars_used(expr) -> set:
-    return set(tvm.tirx.analysis.undefined_vars(expr))
-
-
 def _register_tiles(stmt, loops: tuple = ()):
-    """(block, accumulator elements, whole spatial output elements) of every tiled
-    reduction block under ``stmt``: the elements are the product of the spatial loops
-    inside its last reduction loop (``loops``: the enclosing For nodes)."""
+    """(block, register-tile loops, whole spatial output elements) of every tiled reduction
+    block under ``stmt`` (an update after decomposition included). The register tile is the
+    spatial loops inside the block's last reduction loop; ``loops``: the enclosing Fors."""
     if isinstance(stmt, tvm.tirx.For):
         yield from _register_tiles(stmt.body, loops + (stmt,))
     elif isinstance(stmt, tvm.tirx.SeqStmt):
@@ -286,13 +257,13 @@ def _register_tiles(stmt, loops: tuple = ()):
                 if int(iv.iter_type) == A.DATA_PAR:
                     whole *= A._const_int(iv.dom.extent) or 1
                 else:
-                    reduce_vars |= _loop_vars_used(value)
-            elems = 1
+                    reduce_vars |= set(tvm.tirx.analysis.undefined_vars(value))
+            inner: list = []
             for loop in reversed(loops):
                 if loop.loop_var in reduce_vars:
                     break
-                elems *= A._const_int(loop.extent) or 1
-            yield blk, elems, whole
+                inner.insert(0, loop)
+            yield blk, inner, whole
         yield from _register_tiles(blk.body, ())
     elif hasattr(stmt, "body") and isinstance(getattr(stmt, "body"), tvm.tirx.Stmt):
         yield from _register_tiles(stmt.body, loops)
