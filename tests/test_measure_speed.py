@@ -123,15 +123,15 @@ def test_candidate_near_the_cut_gets_single_call_repeats(built, mod256, target):
 
 def test_head_to_head_ratios(built, mod256, target):
     """The untuned kernel against the tiled one: every round says it is far slower; a
-    kernel against itself: about even."""
+    kernel against itself: about even (the median round; CI machines have neighbours)."""
     info = utils.args_info(mod256)
     fast, slow = built
     with LocalRunner(number=2, repeat=2) as runner:
         ratios = head_to_head(runner, fast, slow, info, target, rounds=3)
         assert ratios is not None and len(ratios) == 3
         assert min(ratios) > 3, ratios
-        even = head_to_head(runner, fast, fast, info, target, rounds=2)
-        assert even is not None and all(0.5 < r < 2 for r in even), even
+        even = head_to_head(runner, fast, fast, info, target, rounds=3)
+        assert even is not None and 0.5 < sorted(even)[1] < 2, even
         assert head_to_head(runner, fast, "/nonexistent.so", info, target, rounds=1) is None
 
 

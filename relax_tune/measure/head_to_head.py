@@ -8,7 +8,9 @@ better than a better one timed in a slow spell, and the more candidates a run me
 surer its recorded best is such a lucky measurement (the winner's curse: 256-trial runs
 re-timed slower than 64-trial ones). Timing challenger and reference alternately, round by
 round, puts both in the same spell; the mean of the per-round ratios decides (the database
-ranks records by their mean).
+ranks records by their mean). Within a round each side counts its fastest repeat: interference
+from other work only ever adds time, and one disturbed repeat (a CI neighbour, a spinning
+thread) would otherwise swing a whole round's ratio by 2x or more.
 
 The challenger's record is written in the reference's frame: ``reference_secs * ratio`` for
 each round, so the database keeps ranking every record of the task on one scale.
@@ -27,7 +29,8 @@ def head_to_head(runner: Runner, reference: str, challenger: str, args_info: lis
                  target: Any, rounds: int = DEFAULT_ROUNDS) -> list[float] | None:
     """Time ``reference`` and ``challenger`` (artifact paths) alternately, ``rounds`` pairs
     (the order flips every round so neither always goes first), and return the per-round
-    ratios challenger / reference, or None when either failed to run in some round."""
+    ratios challenger / reference (the fastest repeat of each), or None when either failed
+    to run in some round."""
     artifacts: list[str | None] = []
     for k in range(rounds):
         artifacts += [reference, challenger] if k % 2 == 0 else [challenger, reference]
@@ -38,5 +41,5 @@ def head_to_head(runner: Runner, reference: str, challenger: str, args_info: lis
     for k in range(rounds):
         first, second = results[2 * k], results[2 * k + 1]
         ref, cha = (first, second) if k % 2 == 0 else (second, first)
-        ratios.append(cha.mean_secs / ref.mean_secs)
+        ratios.append(min(cha.run_secs) / min(ref.run_secs))
     return ratios
