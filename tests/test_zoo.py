@@ -13,8 +13,7 @@ import tvm_ffi
 from tvm import te, tirx, topi
 
 from relax_tune.search import ReplaySearch
-from relax_tune.space import check_schedule, space_for_target
-from relax_tune.space.generator import without_decisions
+from relax_tune.space import check_schedule
 from relax_tune.utils import normalize_mod, schedule_from_json
 
 N_CANDIDATES = 16
@@ -238,55 +237,3 @@ def test_relax_fused_matmul_add_relu(target, demo):
     mod = normalize_mod(funcs["fused_matmul_add_relu"])
     assert check_zoo(mod, lambda x, w, b: np.maximum(x @ w + b, 0), target,
                      "fused_matmul_add_relu") == N_CANDIDATES
-
-
-def _matmul_bias_relu(rows: int) -> Zoo:
-    a, b, bias = _ph((rows, 40), "A"), _ph((40, 32), "B"), _ph((32,), "bias")
-    out = topi.nn.relu(topi.add(topi.matmul(a, b), bias))
-    return _mod(a, b, bias, out), lambda x, y, z: np.maximum(x @ y + z, 0)
-
-
-@pytest.mark.parametrize("rows,epilogue", [(50, False), (48, False), (50, True)])
-def test_packed_rows_sketches(rows, epilogue, target):
-    """The packed-rows sketches of a GEMM: A is copied per outermost row tile, padded to a
-    multiple of 6 rows when its row count is not one (50 rows; 48 are not padded), and the
-    result is cropped on write-back, with a bias+ReLU epilogue inlined into the crop. Every
-    sampled candidate of those sketches builds and matches numpy."""
-    if epilogue:
-        mod, ref = _matmul_bias_relu(rows)
-    else:
-        a, b = _ph((rows, 40), "A"), _ph((40, 32), "B")
-        mod, ref = _mod(a, b, topi.matmul(a, b)), lambda x, y: x @ y
-    space = space_for_target(target)
-    sketches = [t for t in space.generate_design_space(mod)
-                if any(i.kind.name in ("PadEinsum", "CacheRead") for i in t.insts)]
-    assert len(sketches) == 2, "one packed-rows sketch per write level"
-    padded = rows % 6 != 0
-    for sketch in sketches:
-        assert any(i.kind.name == "PadEinsum" for i in sketch.insts) == padded
-    ins, out_spec = _inputs(mod)
-    expected = ref(*ins)
-    checked = 0
-    for seed in range(1, 60):
-        replayed = space.replay(mod, without_decisions(sketches[seed % 2]), seed=seed)
-        if not replayed.ok:
-            continue
-        func = replayed.sch.mod["main"]
-        names = [b.name_hint for b in _blocks(func)]
-        assert names[0] == ("A_pad" if padded else "A_global"), names
-        # the copy, the product's init and update, one write-back: the crop (with the
-        # epilogue inlined when padded), the write cache, or the fused epilogue
-        assert len(names) == 4, names
-        got = _run(replayed.sch.mod, target, ins, out_spec)
-        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5,
-                                   err_msg=str(replayed.sch.trace))
-        checked += 1
-        if checked == 8:
-            break
-    assert checked == 8
-
-
-def _blocks(func: tirx.PrimFunc) -> list:
-    found: list = []
-    tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlock, found.append)])
-    return [b for b in found if b.name_hint != "root"]

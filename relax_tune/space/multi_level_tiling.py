@@ -24,8 +24,6 @@ class _Tiled:
     sch: Schedule
     block: SBlockRV
     tiles: list[list[LoopRV]] = field(default_factory=list)
-    outer: dict[int, LoopRV] = field(default_factory=dict)
-    """loop index (before tiling) -> its loop at the outermost spatial level"""
 
 
 class MultiLevelTiling(ScheduleRule):
@@ -43,39 +41,23 @@ class MultiLevelTiling(ScheduleRule):
     per level, plus one without a cache), or, when the block's only consumer is an
     elementwise block (bias add, ReLU...), that consumer is fused at each level instead.
 
-    Packed rows (``pack_rows``, GEMM-like blocks): more sketches in which the operand read
-    along the register tile's rows (A of ``A @ B``) is copied, one outermost row tile at a
-    time, into a contiguous buffer before the tile's loops use it (what BLAS libraries call
-    packing A). When the row extent is not a multiple of ``pack_rows`` the block is padded
-    (``pad_einsum``) to one, so the copy zero-fills a few extra rows, the result is cropped
-    as it is written back, and register tiles of 3 or 6 rows exist even for power-of-two
-    shapes (perfect tiles of 1024 allow at most 8 accumulators of 16 AVX2 registers; 6 rows
-    of 2 vectors hold 12, as OpenBLAS's kernels do). Measured on 1024^3 with B packed:
-    6x16 tiles with packed A 1.05-1.25x numpy in the same rounds, 4x16 tiles unpacked
-    0.93x.
-
     Args:
         params: the target's parameters.
         structure: the tile levels, e.g. "SSRSRS".
         write_levels: 1-based spatial tile levels where the write cache / epilogue goes.
         keep_unfused: also keep the sketch without a write cache or fused epilogue.
-        pack_rows: row multiple of the packed-rows sketches; 0 or 1: no such sketches.
-        min_pack_rows: blocks with fewer rows get no packed-rows sketches.
     """
 
     name = "multi_level_tiling"
 
     def __init__(self, params: TargetParams, structure: str = "SSRSRS",
-                 write_levels: tuple[int, ...] = (1, 2), keep_unfused: bool = True,
-                 pack_rows: int = 6, min_pack_rows: int = 48) -> None:
+                 write_levels: tuple[int, ...] = (1, 2), keep_unfused: bool = True) -> None:
         if not structure or set(structure) - {"S", "R"} or "S" not in structure:
             raise ValueError(f"bad tiling structure {structure!r}: use letters S and R")
         self.params = params
         self.structure = structure
         self.write_levels = tuple(write_levels)
         self.keep_unfused = keep_unfused
-        self.pack_rows = pack_rows
-        self.min_pack_rows = min_pack_rows
         self.s_levels = [i for i, c in enumerate(structure) if c == "S"]
         self.r_levels = [i for i, c in enumerate(structure) if c == "R"]
 
@@ -88,16 +70,12 @@ class MultiLevelTiling(ScheduleRule):
         if len(loops) != len(types) or any(t not in (A.DATA_PAR, A.COMM_REDUCE) for t in types):
             return [sch]
         name = A.node(sch, block).name_hint
-        packing = self._packed_rows_plan(sch, block, loops, types)
-        base = sch.copy() if packing is not None else None
         try:
             tiled = self._tile(sch, block, loops, types)
         except Exception as err:  # a primitive refused: keep the block as it is
             logger.debug("cannot tile %s: %s", name, err)
             return [sch]
         results = self._write_back(tiled)
-        if packing is not None:
-            results += self._packed_rows(base, block, types, *packing)
         logger.debug("tiled %s (%s): %d variants", name, self.structure, len(results))
         return results
 
@@ -107,8 +85,12 @@ class MultiLevelTiling(ScheduleRule):
               types: list[int]) -> _Tiled:
         n_levels = len(self.structure)
         tiles: list[list[LoopRV]] = [[] for _ in range(n_levels)]
-        outer_of: dict[int, LoopRV] = {}
-        vec_loop = _vector_loop(sch, loops, types)
+        spatial_idx = [i for i, t in enumerate(types) if t == A.DATA_PAR]
+        vec_loop = None
+        for i in reversed(spatial_idx):
+            if A.loop_extent(sch, loops[i]) != 1:
+                vec_loop = i
+                break
         lanes = self.params.lanes(A.write_dtype(sch, block))
         for i, (loop, kind) in enumerate(zip(loops, types)):
             extent = A.loop_extent(sch, loop)
@@ -117,102 +99,31 @@ class MultiLevelTiling(ScheduleRule):
                 raise ValueError("symbolic loop extent")
             if extent == 1 or len(levels) == 1:
                 tiles[levels[0]].append(loop)
-                outer_of[i] = loop
                 continue
             if kind == A.COMM_REDUCE:
                 parts = self._split(sch, loop, len(levels), self.params.max_innermost_reduction)
+                for lvl, part in zip(levels, parts):
+                    tiles[lvl].append(part)
             elif i == vec_loop and lanes > 1 and extent == lanes:
                 tiles[levels[-1]].append(loop)
-                continue
             elif i == vec_loop and lanes > 1 and extent % lanes == 0:
                 outer, inner = sch.split(loop, [None, lanes])
                 max_regs = max(1, self.params.max_vector_registers_per_loop)
-                parts = self._split(sch, outer, len(levels), max_regs) + [inner]
+                parts = self._split(sch, outer, len(levels), max_regs)
+                for lvl, part in zip(levels, parts):
+                    tiles[lvl].append(part)
+                tiles[levels[-1]].append(inner)
             else:
                 max_inner = (self.params.max_innermost_generic if i == vec_loop
                              else self.params.max_innermost_spatial)
                 parts = self._split(sch, loop, len(levels), max_inner)
-            for lvl, part in zip(levels + levels[-1:], parts):  # the lanes' loop: innermost
-                tiles[lvl].append(part)
-            outer_of[i] = parts[0]
+                for lvl, part in zip(levels, parts):
+                    tiles[lvl].append(part)
         order = [lp for level in tiles for lp in level]
         if len(order) > 1:
             sch.reorder(*order)
         sch.annotate(block, ANN_TILED, self.structure)
-        return _Tiled(sch, block, tiles, outer_of)
-
-    # -- packed rows ----------------------------------------------------------------------
-
-    def _packed_rows_plan(self, sch: Schedule, block: SBlockRV, loops: list[LoopRV],
-                          types: list[int]) -> tuple[int, int, bool] | None:
-        """(row loop index, index of the read operand to pack, whether to pad) when the block
-        gets packed-rows sketches: a row loop (the last spatial loop before the vectorised
-        one) of at least ``min_pack_rows``, read by exactly one operand that the vectorised
-        loop does not index."""
-        if self.pack_rows <= 1:
-            return None
-        vec = _vector_loop(sch, loops, types)
-        rows = [i for i in range(vec or 0) if types[i] == A.DATA_PAR
-                and (A.loop_extent(sch, loops[i]) or 0) > 1]
-        if vec is None or not rows:
-            return None
-        row = rows[-1]
-        extent = A.loop_extent(sch, loops[row]) or 0
-        if extent < self.min_pack_rows:
-            return None
-        blk = A.node(sch, block)
-        row_var, vec_var = blk.iter_vars[row].var, blk.iter_vars[vec].var
-        out = blk.writes[0].source
-        operands = []
-        for index, region in enumerate(blk.reads):
-            if region.source.same_as(out):
-                continue
-            used: set = set()
-            for rng in region.region:
-                used.update(tvm.tirx.analysis.undefined_vars(rng.min))
-            if row_var in used and vec_var not in used:
-                operands.append(index)
-        if len(operands) != 1:
-            return None
-        return row, operands[0], extent % self.pack_rows != 0
-
-    def _packed_rows(self, sch: Schedule, block: SBlockRV, types: list[int], row: int,
-                     operand: int, pad: bool) -> list[Schedule]:
-        """The packed-rows sketches of ``block`` (``sch`` as before tiling): padded when
-        ``pad``, tiled, the operand's copy computed at the outermost row tile, and written
-        back (cropped, with an elementwise epilogue inlined into the crop) at each level."""
-        crop = None
-        try:
-            if pad:
-                padding = [1] * len(types)
-                padding[row] = self.pack_rows
-                sch.pad_einsum(block, padding)
-                source = A.node(sch, block).reads[operand].source
-                copy = next(p for p in sch.get_producers(block)
-                            if A.node(sch, p).writes[0].source.same_as(source))
-                crop = A.consumers_of(sch, block)[0]
-            else:
-                copy = sch.cache_read(block, operand, "global")
-            tiled = self._tile(sch, block, A.loops_of(sch, block), types)
-            sch.compute_at(copy, tiled.outer[row], preserve_unit_loops=True)
-        except Exception as err:  # not an einsum, or a primitive refused: no such sketch
-            logger.debug("no packed-rows sketch: %s", err)
-            return []
-        if crop is None:
-            return self._write_back(tiled, keep_unfused=False)
-        consumers = A.consumers_of(sch, crop)
-        if (len(consumers) == 1 and A.is_elementwise_consumer(sch, crop, consumers[0])
-                and A.try_on_copy(sch, lambda t: t.reverse_compute_inline(consumers[0]))):
-            sch.reverse_compute_inline(consumers[0])
-        results = []
-        for _level, loop in self._levels(tiled):
-            trial = sch.copy()
-            try:
-                trial.reverse_compute_at(crop, loop, preserve_unit_loops=True)
-                results.append(trial)
-            except Exception as err:
-                logger.debug("cannot place the crop at a tile level: %s", err)
-        return results
+        return _Tiled(sch, block, tiles)
 
     @staticmethod
     def _split(sch: Schedule, loop: LoopRV, n: int, max_innermost: int) -> list[LoopRV]:
@@ -230,9 +141,8 @@ class MultiLevelTiling(ScheduleRule):
                     out.append((level, loops[-1]))
         return out
 
-    def _write_back(self, tiled: _Tiled, keep_unfused: bool | None = None) -> list[Schedule]:
+    def _write_back(self, tiled: _Tiled) -> list[Schedule]:
         sch, block = tiled.sch, tiled.block
-        keep_unfused = self.keep_unfused if keep_unfused is None else keep_unfused
         levels = self._levels(tiled)
         if not levels:
             return [sch]
@@ -247,10 +157,10 @@ class MultiLevelTiling(ScheduleRule):
                 except Exception as err:
                     logger.debug("cannot fuse the epilogue at a tile level: %s", err)
             if results:
-                if keep_unfused:
+                if self.keep_unfused:
                     results.insert(0, sch)
                 return results
-        if keep_unfused:
+        if self.keep_unfused:
             results.append(sch.copy())
         try:
             cache = sch.cache_write(block, 0, "global")
@@ -265,14 +175,6 @@ class MultiLevelTiling(ScheduleRule):
             except Exception as err:
                 logger.debug("cannot place the write cache at a tile level: %s", err)
         return results or [sch]
-
-
-def _vector_loop(sch: Schedule, loops: list[LoopRV], types: list[int]) -> int | None:
-    """Index of the loop tiling vectorises: the innermost spatial loop of extent above 1."""
-    for i in reversed(range(len(loops))):
-        if types[i] == A.DATA_PAR and A.loop_extent(sch, loops[i]) != 1:
-            return i
-    return None
 
 
 class LimitRegisterTile(Postproc):
