@@ -13,7 +13,8 @@ import tvm_ffi
 from tvm import te, tirx, topi
 
 from relax_tune.search import ReplaySearch
-from relax_tune.space import check_schedule
+from relax_tune.space import check_schedule, space_for_target
+from relax_tune.space.generator import without_decisions
 from relax_tune.utils import normalize_mod, schedule_from_json
 
 N_CANDIDATES = 16
@@ -237,3 +238,54 @@ def test_relax_fused_matmul_add_relu(target, demo):
     mod = normalize_mod(funcs["fused_matmul_add_relu"])
     assert check_zoo(mod, lambda x, w, b: np.maximum(x @ w + b, 0), target,
                      "fused_matmul_add_relu") == N_CANDIDATES
+
+
+@pytest.mark.parametrize("name", ["matmul_square", "dense", "batch_matmul"])
+def test_in_kernel_operand_packing(name, target):
+    """Candidates whose sketch chose to pack the reused input in the kernel (B of A @ B, W
+    of dense, B of batch_matmul) copy it into a packed buffer at the start of the call and
+    still match numpy; A (read along the rows) is never packed. (topi marks dense's W
+    layout-free; here it is an input like any other.)"""
+    mod, ref = ZOO[name]()
+    mod = normalize_mod(mod["main"].without_attr("layout_free_buffers"))
+    space = space_for_target(target)
+    sketches = space.generate_design_space(mod)
+    assert all("relax_tune.pack_operands" in str(s) for s in sketches)
+    ins, out_spec = _inputs(mod)
+    expected = ref(*ins)
+    packed = 0
+    for seed in range(1, 80):
+        replayed = space.replay(mod, without_decisions(sketches[seed % len(sketches)]),
+                                seed=seed)
+        if not replayed.ok:
+            continue
+        names = [b.name_hint for b in _blocks(replayed.sch.mod["main"])]
+        copies = [n for n in names if n.endswith("_global") and n[0] in "BW"]
+        assert not any(n.startswith(("A_global", "X_global")) for n in names), names
+        if not copies:
+            continue
+        got = _run(replayed.sch.mod, target, ins, out_spec)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5,
+                                   err_msg=str(replayed.sch.trace))
+        packed += 1
+        if packed == 6:
+            break
+    assert packed == 6
+
+
+def test_packing_skips_convolutions_and_constant_weights(target):
+    """Convolution inputs are indexed by sums (h + kh): no packing choice. A weight marked
+    layout-free is packed once at compile time instead, so it gets no in-kernel choice."""
+    space = space_for_target(target)
+    conv, _ = ZOO["conv2d_nchw"]()
+    assert not any("relax_tune.pack_operands" in str(s) for s in space.generate_design_space(conv))
+    mod, _ = ZOO["matmul_square"]()
+    weights = normalize_mod(mod["main"].with_attr("layout_free_buffers", [1]))
+    assert not any("relax_tune.pack_operands" in str(s)
+                   for s in space.generate_design_space(weights))
+
+
+def _blocks(func: tirx.PrimFunc) -> list:
+    found: list = []
+    tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlock, found.append)])
+    return [b for b in found if b.name_hint != "root"]

@@ -10,6 +10,7 @@ from .multi_level_tiling import LimitRegisterTile, MultiLevelTiling
 from .parallel_vectorize_unroll import ParallelVectorizeUnroll, RewriteParallelVectorizeUnroll
 from .params import TargetParams
 from .layout_rewrite import RewriteLayout
+from .operand_packing import PackOperands
 from .postproc import RewriteReductionBlock
 from .compute_location import RandomComputeLocation
 from .rfactor import AddRFactor
@@ -34,9 +35,10 @@ def cpu_postprocs(params: TargetParams) -> list[Postproc]:
     """The CPU postprocessors, in order: loop kinds and unroll pragmas first, then the
     reduction inits are decomposed out of the reduction loops, then register tiles that
     cannot fit the target's SIMD registers are rejected, and last the layout-free weights
-    (``layout_free_buffers``) are packed in the order the final loop nest reads them."""
+    (``layout_free_buffers``) are packed in the order the final loop nest reads them (once,
+    at compile time), then the inputs a sketch chose to pack (in every call)."""
     return [RewriteParallelVectorizeUnroll(params), RewriteReductionBlock(),
-            LimitRegisterTile(params), RewriteLayout()]
+            LimitRegisterTile(params), RewriteLayout(), PackOperands(params)]
 
 
 def cpu_space(target: tvm.target.Target, params: TargetParams) -> SpaceGenerator:

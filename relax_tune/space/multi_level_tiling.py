@@ -11,7 +11,8 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from . import analysis as A
-from .params import ANN_TILED, TargetParams
+from .operand_packing import packable_reads
+from .params import ANN_PACK, ANN_TILED, TargetParams
 from .rule import Postproc, ScheduleRule
 
 logger = logging.getLogger("relax_tune.space")
@@ -41,23 +42,29 @@ class MultiLevelTiling(ScheduleRule):
     per level, plus one without a cache), or, when the block's only consumer is an
     elementwise block (bias add, ReLU...), that consumer is fused at each level instead.
 
+    A block with inputs worth packing (``operand_packing.packable_reads``: B of ``A @ B``)
+    also samples whether the postprocessor packs them inside the kernel (``ANN_PACK``).
+
     Args:
         params: the target's parameters.
         structure: the tile levels, e.g. "SSRSRS".
         write_levels: 1-based spatial tile levels where the write cache / epilogue goes.
         keep_unfused: also keep the sketch without a write cache or fused epilogue.
+        pack_operands: sample in-kernel packing for blocks with packable inputs.
     """
 
     name = "multi_level_tiling"
 
     def __init__(self, params: TargetParams, structure: str = "SSRSRS",
-                 write_levels: tuple[int, ...] = (1, 2), keep_unfused: bool = True) -> None:
+                 write_levels: tuple[int, ...] = (1, 2), keep_unfused: bool = True,
+                 pack_operands: bool = True) -> None:
         if not structure or set(structure) - {"S", "R"} or "S" not in structure:
             raise ValueError(f"bad tiling structure {structure!r}: use letters S and R")
         self.params = params
         self.structure = structure
         self.write_levels = tuple(write_levels)
         self.keep_unfused = keep_unfused
+        self.pack_operands = pack_operands
         self.s_levels = [i for i, c in enumerate(structure) if c == "S"]
         self.r_levels = [i for i, c in enumerate(structure) if c == "R"]
 
@@ -123,6 +130,10 @@ class MultiLevelTiling(ScheduleRule):
         if len(order) > 1:
             sch.reorder(*order)
         sch.annotate(block, ANN_TILED, self.structure)
+        if self.pack_operands and packable_reads(sch.mod[A.func_name_of(sch)],
+                                                 A.node(sch, block)):
+            choice = sch.sample_categorical([0, 1], [0.5, 0.5])
+            sch.annotate(block, ANN_PACK, choice)
         return _Tiled(sch, block, tiles)
 
     @staticmethod

@@ -25,6 +25,9 @@ ANN_UNROLL = "relax_tune.unroll_explicit"
 """Root-block annotation: ``pragma_auto_unroll_max_step`` for the outer loop (sampled int)."""
 ANN_TILED = "relax_tune.tiling_structure"
 """Block annotation: the block has been multi-level tiled with this structure (e.g. "SSRSRS")."""
+ANN_PACK = "relax_tune.pack_operands"
+"""Block annotation: 1 when the postprocessor packs the block's reused inputs in the kernel
+(a sampled choice; see ``operand_packing``)."""
 
 _AVX512_CPUS = ("avx512", "skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake",
                 "sapphirerapids", "graniterapids", "emeraldrapids", "rocketlake", "znver4",
