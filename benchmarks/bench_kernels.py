@@ -9,7 +9,7 @@ at each trial count (tuning wall time, trials/s), ``metaschedule`` at each ``--m
 trial count (TVM's tune_tir with the builder initializer of
 shared/notes/metaschedule-baseline.md; ``tvm.s_tir.tensor_intrin`` imported before any clock).
 Every kernel is re-timed here after all tuning of its workload, interleaved with numpy and
-the other kernels, round after round (``benchmarks/timing.py``: this machine's speed drifts
+the other kernels, 11 rounds (``benchmarks/timing.py``: this machine's speed drifts
 by 20-40% over minutes): "ms" is the median over rounds and "vs numpy" the median of the
 per-round ratios. The untuned kernel, too slow for rounds, is timed by 3 calls.
 For ``demo`` the whole VM call is timed (untuned vs the records applied).
@@ -214,7 +214,7 @@ def main() -> None:
                 key = f"metaschedule{suffix}@{trials}"
                 timers[key] = timer
                 tuned.append(("metaschedule" + suffix, trials, key, (wall, trials / wall, 0)))
-        timed = interleaved(timers, "numpy")
+        timed = interleaved(timers, "numpy", rounds=11)
         np_secs = timed["numpy"][0]
         rows.append((name, "numpy/OpenBLAS", "-", np_secs, flops, None, 1.0))
         rows.append((name, "untuned", "-", untuned, flops, None, np_secs / untuned))

@@ -273,12 +273,15 @@ def test_in_kernel_operand_packing(name, target):
     assert packed == 6
 
 
-def test_packing_skips_convolutions_and_constant_weights(target):
-    """Convolution inputs are indexed by sums (h + kh): no packing choice. A weight marked
-    layout-free is packed once at compile time instead, so it gets no in-kernel choice."""
+def test_packing_skips_convolutions_skinny_gemms_and_constant_weights(target):
+    """Convolution inputs are indexed by sums (h + kh) and a 1-row GEMM reads each weight
+    once: no packing choice. A weight marked layout-free is packed once at compile time
+    instead, so it gets no in-kernel choice either."""
     space = space_for_target(target)
-    conv, _ = ZOO["conv2d_nchw"]()
-    assert not any("relax_tune.pack_operands" in str(s) for s in space.generate_design_space(conv))
+    for name in ("conv2d_nchw", "matmul_skinny"):
+        mod, _ = ZOO[name]()
+        assert not any("relax_tune.pack_operands" in str(s)
+                       for s in space.generate_design_space(mod)), name
     mod, _ = ZOO["matmul_square"]()
     weights = normalize_mod(mod["main"].with_attr("layout_free_buffers", [1]))
     assert not any("relax_tune.pack_operands" in str(s)

@@ -33,17 +33,22 @@ from .rule import Postproc
 logger = logging.getLogger("relax_tune.space")
 
 
-def packable_reads(func: tirx.PrimFunc, blk: Any) -> list[int]:
+MIN_REUSE = 16
+"""An operand is packed only if each element is read for at least this many outputs (the
+extents of the spatial loops it is not indexed by): below that the copy costs about as
+much as the reads it speeds up (a 1x784x256 dense reads each weight once)."""
+
+
+def packable_reads(func: tirx.PrimFunc, blk: Any, min_reuse: int = MIN_REUSE) -> list[int]:
     """Indices into ``blk.reads`` of operands worth packing in the kernel: parameters of
     ``func`` (not written, not layout-free weights) indexed by plain block variables only,
-    among them the innermost spatial one (the vectorised loop walks the operand), and not by
-    every spatial one (the operand is reused across tiles)."""
+    among them the innermost spatial one (the vectorised loop walks the operand), and
+    reused across at least ``min_reuse`` outputs (spatial loops that do not index it)."""
     spatial = [iv for iv in blk.iter_vars
                if int(iv.iter_type) == A.DATA_PAR and A._const_int(iv.dom.extent) != 1]
     if not spatial:
         return []
     vec_var = spatial[-1].var
-    spatial_vars = [iv.var for iv in spatial]
     params = list(func.params)
     skip = [r.source for r in blk.writes] + layout_free_buffers(func)
     out = []
@@ -57,9 +62,12 @@ def packable_reads(func: tirx.PrimFunc, blk: Any) -> list[int]:
         used = [m for m in mins if isinstance(m, tirx.Var)]
         if not any(m.same_as(vec_var) for m in used):
             continue
-        if all(any(m.same_as(v) for m in used) for v in spatial_vars):
-            continue
-        out.append(index)
+        reuse = 1
+        for iv in spatial:
+            if not any(m.same_as(iv.var) for m in used):
+                reuse *= A._const_int(iv.dom.extent) or 1
+        if reuse >= min_reuse:
+            out.append(index)
     return out
 
 
