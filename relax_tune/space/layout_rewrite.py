@@ -104,20 +104,29 @@ class RewriteLayout(Postproc):
         primitive fails (the candidate is then dropped)."""
         func_name = A.func_name_of(sch)
         for buffer in layout_free_buffers(sch.mod[func_name]):
-            reads = _reads_of(sch.mod[func_name], buffer)
-            if len(reads) != 1:
-                logger.debug("layout rewrite of %s skipped: read %d times", buffer.name,
-                             len(reads))
-                continue
-            read = reads[0]
-            index_map = suggest_index_map(buffer, read.indices, read.loops, read.predicate)
-            if index_map is None:
-                continue
-            block = sch.get_sblock(read.block, func_name)
-            packer = sch.cache_read(block, read.read_index, "global")
-            sch.annotate(packer, PREPROC_ANNOTATION, True)
-            sch.transform_layout(block, ("read", read.read_index), index_map)
+            packer = pack_buffer(sch, func_name, buffer)
+            if packer is not None:
+                sch.annotate(packer, PREPROC_ANNOTATION, True)
         return True
+
+
+def pack_buffer(sch: Schedule, func_name: str, buffer: tirx.Buffer) -> Any:
+    """Copy ``buffer`` (``cache_read``) into the layout its only reading block walks it in,
+    tile by tile (``suggest_index_map`` over the final loop nest), and make that block read
+    the copy. Returns the copying block, or None when the buffer is read by several blocks
+    or loads, or TVM suggests no layout."""
+    reads = _reads_of(sch.mod[func_name], buffer)
+    if len(reads) != 1:
+        logger.debug("packing of %s skipped: read %d times", buffer.name, len(reads))
+        return None
+    read = reads[0]
+    index_map = suggest_index_map(buffer, read.indices, read.loops, read.predicate)
+    if index_map is None:
+        return None
+    block = sch.get_sblock(read.block, func_name)
+    packer = sch.cache_read(block, read.read_index, "global")
+    sch.transform_layout(block, ("read", read.read_index), index_map)
+    return packer
 
 
 def has_layout_rewrite(func: tirx.PrimFunc) -> bool:

@@ -23,10 +23,9 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import Schedule
-from tvm.s_tir.schedule.analysis import suggest_index_map
 
 from . import analysis as A
-from .layout_rewrite import _reads_of, layout_free_buffers
+from .layout_rewrite import layout_free_buffers, pack_buffer
 from .params import ANN_PACK, TargetParams
 from .rule import Postproc
 
@@ -74,8 +73,9 @@ def packable_reads(func: tirx.PrimFunc, blk: Any, min_reuse: int = MIN_REUSE) ->
 class PackOperands(Postproc):
     """Pack the operands of every block whose sketch sampled ``ANN_PACK`` = 1: a copy block
     at the start of the kernel (parallel over its outer loop, vectorised inner loop) writes
-    the operand in the order the block's final loop nest reads it (``suggest_index_map``).
-    An operand read by more than one block, or with no suggested layout, stays as it is."""
+    the operand in the order the block's final loop nest reads it (``pack_buffer``, as the
+    compile-time weight packing). An operand read by more than one block, or with no
+    suggested layout, stays as it is."""
 
     name = "pack_operands"
 
@@ -86,24 +86,12 @@ class PackOperands(Postproc):
         """Insert the packing copies; True unless a primitive fails (the candidate is then
         dropped)."""
         func_name = A.func_name_of(sch)
-        for name in _asked(sch.mod[func_name]):
-            func = sch.mod[func_name]
-            block = sch.get_sblock(name, func_name)
-            blk = A.node(sch, block)
-            for index in packable_reads(func, blk):
-                buffer = blk.reads[index].source
-                reads = _reads_of(func, buffer)
-                if len(reads) != 1:
-                    continue
-                read = reads[0]
-                index_map = suggest_index_map(buffer, read.indices, read.loops, read.predicate)
-                if index_map is None:
-                    continue
-                packer = sch.cache_read(block, index, "global")
-                sch.transform_layout(block, ("read", index), index_map)
-                self._parallel_copy(sch, packer, str(buffer.dtype))
-                func = sch.mod[func_name]
-                blk = A.node(sch, block)
+        func = sch.mod[func_name]
+        for blk in _asked(func):
+            for buffer in [blk.reads[i].source for i in packable_reads(func, blk)]:
+                packer = pack_buffer(sch, func_name, buffer)
+                if packer is not None:
+                    self._parallel_copy(sch, packer, str(buffer.dtype))
         return True
 
     def _parallel_copy(self, sch: Schedule, packer: Any, dtype: str) -> None:
@@ -120,14 +108,14 @@ class PackOperands(Postproc):
             sch.vectorize(vec)
 
 
-def _asked(func: tirx.PrimFunc) -> list[str]:
-    """Names of the blocks annotated ``ANN_PACK`` = 1."""
-    names: list[str] = []
+def _asked(func: tirx.PrimFunc) -> list[Any]:
+    """The blocks annotated ``ANN_PACK`` = 1."""
+    blocks: list[Any] = []
 
     def visit(block: Any) -> None:
         value = block.annotations.get(ANN_PACK) if block.annotations else None
         if value is not None and A._const_int(value) == 1:
-            names.append(str(block.name_hint))
+            blocks.append(block)
 
     tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlock, visit)])
-    return names
+    return blocks
