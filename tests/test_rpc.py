@@ -4,6 +4,7 @@ spread over both servers, a server killed mid-batch, a hung (stopped) server, ba
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -97,12 +98,31 @@ def test_tuning_completes_through_rpc(cluster, builder, target, tmp_path):
     assert cluster.free() == 2
 
 
+def _group_size(pgid: int) -> int:
+    """Processes in the process group ``pgid`` now (read from /proc)."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        count += int(fields[2]) == pgid
+    return count
+
+
 def _kill_when_busy(cluster: LocalRPCCluster, victim, sig: int, log: list) -> threading.Thread:
-    """Send ``sig`` to ``victim`` as soon as both servers are in a session."""
+    """Send ``sig`` to ``victim`` as soon as both servers are in a session and the victim's
+    session process is alive (TVM's server forks one per session): a server between two
+    sessions also counts as not free, and killing it there would lose no candidate."""
+    idle = _group_size(victim.pid)
+
     def watch() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if cluster.free() == 0:
+            if cluster.free() == 0 and _group_size(victim.pid) > idle:
                 LocalRPCCluster.kill(victim, sig)
                 log.append(time.monotonic())
                 return
