@@ -25,7 +25,8 @@ logger = logging.getLogger("relax_tune.space")
 
 class ParallelVectorizeUnroll(ScheduleRule):
     """On the root block: annotate the parallel budget (cores x jobs per core, sampled with
-    ``sample_categorical`` among ``jobs_per_core_choices``), the vector budget (bytes) and,
+    ``sample_categorical`` among ``jobs_per_core_choices``), the vector budget (bytes;
+    sampled among ``spatial_vectorize_bytes_choices`` when the function has no reduction) and,
     when the function has a reduction, a ``sample_categorical`` over
     ``unroll_max_steps`` (uniform). Other blocks are left alone."""
 
@@ -49,10 +50,16 @@ class ParallelVectorizeUnroll(ScheduleRule):
                 sch.annotate(block, ANN_PARALLEL, budget)
             else:
                 sch.annotate(block, ANN_PARALLEL, int(choices[0]))
+        has_reduction = _has_reduction(sch)
         if self.vectorize and self.params.max_vectorize_bytes > 1:
-            sch.annotate(block, ANN_VECTORIZE, int(self.params.max_vectorize_bytes))
+            widths = self.params.spatial_vectorize_bytes_choices
+            if has_reduction or len(widths) == 1:
+                sch.annotate(block, ANN_VECTORIZE, int(self.params.max_vectorize_bytes))
+            else:
+                width = sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths))
+                sch.annotate(block, ANN_VECTORIZE, width)
         steps = [int(s) for s in self.params.unroll_max_steps]
-        if self.unroll and steps and any(s > 0 for s in steps) and _has_reduction(sch):
+        if self.unroll and steps and any(s > 0 for s in steps) and has_reduction:
             if len(steps) == 1:
                 sch.annotate(block, ANN_UNROLL, steps[0])
             else:

@@ -50,6 +50,10 @@ class TargetParams:
         jobs_per_core_choices: when several, the parallel budget is sampled among
             ``num_cores x`` each of them (a ``sample_categorical``).
         max_vector_registers_per_loop: the widest vectorised loop, in SIMD registers.
+        spatial_vector_register_choices: for functions without a reduction (elementwise,
+            layout and copy kernels), the vectorised loop's width is sampled among these
+            register counts (the loop's width against its trip count is their one real knob
+            besides the parallel grain, on every vector width).
         unroll_max_steps: candidates for ``pragma_auto_unroll_max_step``.
         max_innermost_spatial: largest innermost tile of a non-vectorised spatial axis.
         max_innermost_reduction: largest innermost tile of a reduction axis.
@@ -64,6 +68,7 @@ class TargetParams:
     max_jobs_per_core: int = 16
     jobs_per_core_choices: tuple[int, ...] = (4, 16, 64)
     max_vector_registers_per_loop: int = 4
+    spatial_vector_register_choices: tuple[int, ...] = (1, 4)
     unroll_max_steps: tuple[int, ...] = (0, 16, 64, 512)
     max_innermost_spatial: int = 8
     max_innermost_reduction: int = 16
@@ -85,13 +90,17 @@ class TargetParams:
         """Bytes covered by the widest vectorised loop the postprocessor creates."""
         return self.vector_bytes * self.max_vector_registers_per_loop
 
+    @property
+    def spatial_vectorize_bytes_choices(self) -> list[int]:
+        """The vector budgets (bytes) sampled for functions without a reduction (distinct,
+        ascending; never empty)."""
+        choices = sorted({self.vector_bytes * max(1, int(c))
+                          for c in self.spatial_vector_register_choices})
+        return choices or [self.max_vectorize_bytes]
+
     def lanes(self, dtype: str) -> int:
         """SIMD lanes of one register for elements of ``dtype`` (at least 1)."""
         return max(1, self.vector_bytes // dtype_bytes(dtype))
-
-    def max_vectorize_extent(self, dtype: str) -> int:
-        """Largest vectorised loop extent for elements of ``dtype``."""
-        return max(1, self.max_vectorize_bytes // dtype_bytes(dtype))
 
 
 def dtype_bytes(dtype: str) -> int:
