@@ -53,10 +53,11 @@ def matmul(n: int = 64, relu: bool = False) -> tirx.PrimFunc:
     return te.create_prim_func([a, b, out])
 
 
-def tile_trace(mod: tvm.IRModule, factors: tuple[int, int] = (8, 8)) -> list:
+def tile_trace(mod: tvm.IRModule, factors: tuple[int, int] = (8, 8),
+               func_name: str = "main") -> list:
     """A small JSON trace: split C's j loop by a sampled perfect tile and vectorize it."""
     sch = Schedule(mod)
-    block = sch.get_sblock("C")
+    block = sch.get_sblock("C", func_name)
     _, j, _ = sch.get_loops(block)
     outer, inner = sch.split(j, sch.sample_perfect_tile(j, n=2, max_innermost_factor=64))
     sch.vectorize(inner)
@@ -427,6 +428,166 @@ def test_union_and_ordered_union(tmp_path, mm, mm32):
             combined.commit_workload(mm)
     with pytest.raises(RelaxTuneError, match="relax_tune databases"):
         UnionDatabase(slow, object())
+
+
+def test_union_of_an_ordered_union_takes_the_better_of_their_answers(mm):
+    """MetaSchedule's mix-use case: UnionDatabase(db3, OrderedUnionDatabase(db1, db2)) returns
+    the better of db3's record and the ordered union's, which is db1's even though db2 holds a
+    faster one. Queries and get_top_k agree."""
+    db1, db2 = MemoryDatabase(), MemoryDatabase()
+    [r1] = fill(db1, mm, [3e-4])  # tile (64, 1)
+    fill(db2, mm, [None, None, 1e-5])  # tile (16, 4): fastest of all, but shadowed by db1
+    r2 = db2.get_top_k(Workload(mm), 1)[0]
+    ordered = OrderedUnionDatabase(db1, db2)
+    for db3_times, expected in (([None, 2e-4], "db3"), ([None, 5e-4], "db1"), ([], "db1")):
+        db3 = MemoryDatabase()
+        fill(db3, mm, db3_times)  # tile (32, 2) when present
+        r3 = db3.get_top_k(Workload(mm), 1)
+        best = r3[0] if expected == "db3" else r1
+        nested = UnionDatabase(db3, ordered)
+        assert nested.query_tuning_record(mm, T_X86).as_json() == best.as_json()
+        assert nested.query(mm, T_X86, kind="record").mean_run_secs == best.mean_run_secs
+        want = expected_mod(mm, best.trace_json)
+        assert tvm_ffi.structural_equal(nested.query_schedule(mm, T_X86).mod, want)
+        assert tvm_ffi.structural_equal(nested.query_ir_module(matmul(), T_X86), want)
+        top = nested.get_top_k(Workload(mm), 5)
+        assert top[0].as_json() == best.as_json()
+        assert [r.as_json() for r in top] == [r.as_json() for r in
+                                              sorted(r3 + [r1], key=lambda r: r.mean_run_secs)]
+        assert r2.as_json() not in [r.as_json() for r in top]  # db2 never answers
+        assert nested.get_top_k(Workload(mm), 1, T_X86)[0].as_json() == best.as_json()
+    # the other way round (Case 5): an ordered union whose member is a union
+    outer = OrderedUnionDatabase(MemoryDatabase(), UnionDatabase(db1, db2), db1)
+    assert outer.query_tuning_record(mm, T_X86).as_json() == r2.as_json()
+    assert outer.get_top_k(Workload(mm), 1)[0].as_json() == r2.as_json()
+    # a schedule function's answer has no run time: any measured answer beats it
+    unroll = ScheduleFnDatabase(lambda sch: sch.unroll(sch.get_loops(sch.get_sblock("C"))[2])
+                                is None)
+    assert UnionDatabase(unroll, db1).query_tuning_record(mm, T_X86).as_json() == r1.as_json()
+    alone = UnionDatabase(unroll, MemoryDatabase()).query_schedule(mm, T_X86)
+    assert alone.trace.insts[-1].kind.name == "Unroll"
+
+
+class ListDatabase(Database):
+    """A database written against MetaSchedule's contract only: records in a list,
+    ``get_top_k(workload, top_k)`` without a target, no ``get_records``, and it does not even
+    call ``Database.__init__``."""
+
+    def __init__(self) -> None:
+        self.workloads: list[Workload] = []
+        self.records: list[TuningRecord] = []
+
+    def has_workload(self, mod):
+        return any(tvm_ffi.structural_equal(w.mod, mod) for w in self.workloads)
+
+    def commit_workload(self, mod):
+        for workload in self.workloads:
+            if tvm_ffi.structural_equal(workload.mod, mod):
+                return workload
+        self.workloads.append(Workload(mod))
+        return self.workloads[-1]
+
+    def commit_tuning_record(self, record):
+        self.records.append(record)
+
+    def get_top_k(self, workload, top_k):
+        mine = [r for r in self.records
+                if tvm_ffi.structural_equal(r.workload.mod, workload.mod) and r.is_valid]
+        return sorted(mine, key=lambda r: r.mean_run_secs)[:top_k]
+
+    def get_all_tuning_records(self):
+        return list(self.records)
+
+    def __len__(self):
+        return len(self.records)
+
+
+def test_metaschedule_style_subclass_answers_for_its_own_modules(mm):
+    raw = tvm.IRModule({"dense": matmul().with_attr("global_symbol", "dense")})
+    assert not tvm_ffi.structural_equal(raw, mm)  # not as relax_tune normalises it
+    db = ListDatabase()
+    workload = db.commit_workload(raw)
+    x86 = TuningRecord(tile_trace(raw, (16, 4), "dense"), workload, [1e-4], T_X86)
+    anywhere = TuningRecord(tile_trace(raw, (8, 8), "dense"), workload, [2e-4], None)
+    failed = TuningRecord(tile_trace(raw, (4, 16), "dense"), workload, [FAILED_RUN_SECS],
+                          T_X86)
+    for record in (failed, x86, anywhere):
+        db.commit_tuning_record(record)
+    assert db.has_workload(raw) and db.module_equality == "structural"
+    assert db.query_tuning_record(raw, T_X86) is x86
+    assert db.query_tuning_record(raw, T_SKX) is anywhere  # target filtered by relax_tune
+    assert tvm_ffi.structural_equal(db.query_schedule(raw, T_X86).mod,
+                                    expected_mod(raw, x86.trace_json))
+    assert db.query_tuning_record(matmul(32), T_X86) is None
+    assert db.get_records(workload) == [failed, x86, anywhere]
+    assert db.get_records(Workload(matmul(32).with_attr("global_symbol", "main"))) == []
+    assert db.get_all_workloads() == [workload]
+    assert UnionDatabase(db, MemoryDatabase()).get_top_k(workload, 5, T_SKX) == [anywhere]
+    assert OrderedUnionDatabase(MemoryDatabase(), db).query_tuning_record(raw, T_X86) is x86
+    pruned = MemoryDatabase()
+    db.dump_pruned(pruned)
+    assert [r.mean_run_secs for r in pruned.get_all_tuning_records()] == [1e-4]
+
+
+def test_metaschedule_style_subclass_tunes_and_applies(tmp_path, target):
+    from relax_tune.transform import ApplyDatabase
+    from relax_tune.tune import tune_tir
+
+    func = matmul(16)
+    db = ListDatabase()
+    out = tune_tir(func, target, work_dir=str(tmp_path), max_trials_global=2, database=db,
+                   progress_bar=False, num_trials_per_iter=2)
+    assert out is db
+    assert len(db) >= 2  # the untuned baseline and the trials
+    assert len(db.workloads) == 1 and db.has_workload(db.workloads[0].mod)
+    assert all(r.workload is db.workloads[0] for r in db.records)
+    assert not (tmp_path / "database_tuning_record.json").exists()  # nothing bypassed `db`
+    assert db.query_schedule(func, target) is not None
+    apply = ApplyDatabase(database=db)
+    with target:
+        applied = apply(tvm.IRModule({"main": func}))
+    assert apply.applied + apply.kept == ["main"]
+    if apply.applied:
+        assert applied["main"].attrs["tirx.is_scheduled"]
+
+
+class DuckTensorInfo:
+    """Looks like MetaSchedule's TensorInfo: an ``as_json()`` giving ["TENSOR", dtype, shape]."""
+
+    def __init__(self, dtype: str, shape: tuple[int, ...]) -> None:
+        self.dtype, self.shape = dtype, shape
+
+    def as_json(self) -> list:
+        return ["TENSOR", self.dtype, list(self.shape)]
+
+
+def test_tuning_record_converts_arg_info_objects(tmp_path, mm):
+    db = JSONDatabase(work_dir=tmp_path)
+    workload = db.commit_workload(mm)
+    plain = [["TENSOR", "float32", [64, 64]]] * 3
+    record = TuningRecord(tile_trace(mm), workload, [1e-4], T_X86,
+                          [DuckTensorInfo("float32", (64, 64))] * 3)
+    assert record.args_info == plain and record.as_json()[3] == plain
+    db.commit_tuning_record(record)
+    mixed = TuningRecord(tile_trace(mm, (4, 16)), workload, [2e-4], T_X86,
+                         (DuckTensorInfo("float32", (64, 64)), ("TENSOR", "float32", (64, 64))))
+    assert mixed.args_info == plain[:2]
+    assert [r.args_info for r in JSONDatabase(work_dir=tmp_path).get_all_tuning_records()] == \
+        [plain]
+    for bad in ([object()], [3], "TENSOR", 7, [DuckTensorInfo("float32", None)]):
+        with pytest.raises(RelaxTuneError, match="args_info"):
+            TuningRecord(tile_trace(mm), workload, [1e-4], T_X86, bad)
+    try:
+        from tvm.s_tir.meta_schedule.arg_info import ArgInfo, TensorInfo
+    except ImportError:
+        return
+    real = TuningRecord(tile_trace(mm), workload, [1e-4], T_X86,
+                        [TensorInfo("float32", [64, 64])] * 3)
+    assert real.args_info == plain
+    assert TuningRecord(tile_trace(mm), workload, [1e-4], T_X86,
+                        ArgInfo.from_prim_func(mm["main"])).args_info == plain
+    db.commit_tuning_record(real)
+    assert len(JSONDatabase(work_dir=tmp_path)) == 2
 
 
 def test_schedule_fn_database(mm, caplog):

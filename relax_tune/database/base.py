@@ -1,15 +1,24 @@
 """The database interface: storage methods subclasses implement, and the queries built on them.
 
+A subclass needs only MetaSchedule's database contract: ``has_workload``, ``commit_workload``,
+``commit_tuning_record``, ``get_top_k(workload, top_k)``, ``get_all_tuning_records`` and
+``__len__``. Everything else relax_tune calls on a database (the queries, ``get_records``,
+``get_all_workloads``, ``dump_pruned``, a target-filtered ``get_top_k``: see ``top_k_records``)
+is provided here on top of those six.
+
 Queries (``query_tuning_record``, ``query_schedule``, ``query_ir_module``, ``query``) normalise
 the function they are given with ``utils.normalize_mod``, so a PrimFunc taken from a Relax
-module finds the records tuned for it. They only return records made for a target compatible
-with the query's (``utils.target_compatible``; a record without a target matches any), and they
-never raise because a stored trace fails to replay: that record is skipped with a warning and the
-next best one is tried.
+module finds the records tuned for it; a database that does not know the normalised module is
+also asked for the module exactly as given (what MetaSchedule asks). They only return records
+made for a target compatible with the query's (``utils.target_compatible``; a record without a
+target matches any), and they never raise because a stored trace fails to replay: that record is
+skipped with a warning and the next best one is tried.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import threading
 from collections.abc import Iterable, Iterator
@@ -59,19 +68,68 @@ def rank(records: Iterable[TuningRecord], target: dict | None = None) -> list[Tu
     return valid
 
 
+@functools.lru_cache(maxsize=64)
+def _target_param(get_top_k: Any, bound: bool) -> str:
+    """How a ``get_top_k`` function takes a target: ``"keyword"`` (a parameter named
+    ``target``, as relax_tune's ``get_top_k(workload, top_k, target=None)``), ``"positional"``
+    (a third positional parameter or ``*args``), or ``""`` (MetaSchedule's
+    ``get_top_k(workload, top_k)``). ``bound``: the function is a method's, ``self`` first."""
+    try:
+        params = list(inspect.signature(get_top_k).parameters.values())
+    except (TypeError, ValueError):
+        return ""
+    positional = 0
+    for param in params:
+        if param.name == "target" and param.kind is not inspect.Parameter.VAR_KEYWORD:
+            return "keyword"
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            return "positional"
+        if param.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                          inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            positional += 1
+    return "positional" if positional >= (4 if bound else 3) else ""
+
+
+def top_k_records(db: Database, workload: Workload, top_k: int,
+                  target: tvm.target.Target | dict | str | None = None) -> list[TuningRecord]:
+    """``db.get_top_k(workload, top_k, target)`` for any database, including one written
+    against MetaSchedule's ``get_top_k(workload, top_k)``: that one is asked for all of its
+    records of ``workload`` when a target filter is needed, and its answer is re-ranked
+    (failed records dropped, fastest first)."""
+    method = db.get_top_k
+    func = getattr(method, "__func__", None)
+    how = _target_param(method if func is None else func, func is not None)
+    if how == "keyword":
+        return list(method(workload, top_k, target=target))
+    if how == "positional":
+        return list(method(workload, top_k, target))
+    if target is None:
+        return rank(method(workload, top_k))[:top_k]
+    config = query_target_config(target)
+    return rank(method(workload, max(len(db), top_k, 1)), config)[:top_k]
+
+
 class Database:
-    """Where tuning records live. Subclasses implement the storage methods (``has_workload``,
-    ``commit_workload``, ``commit_tuning_record``, ``get_top_k``, ``get_records``,
-    ``get_all_tuning_records``, ``__len__``); the queries, ``dump_pruned`` and the ``with db:``
-    scope are shared.
+    """Where tuning records live. Subclasses implement the storage methods of MetaSchedule's
+    contract (``has_workload``, ``commit_workload``, ``commit_tuning_record``,
+    ``get_top_k(workload, top_k)``, ``get_all_tuning_records``, ``__len__``), and may add a
+    ``target`` argument to ``get_top_k`` and a faster ``get_records``; the queries,
+    ``get_records``, ``get_all_workloads``, ``dump_pruned`` and the ``with db:`` scope are
+    shared. relax_tune hands ``has_workload``/``commit_workload`` the modules it tunes and
+    queries (normalised, see ``utils.normalize_mod``; on a miss, a query's module exactly as
+    given) and never alters the modules a subclass stores.
 
     ``module_equality`` says when two workloads are the same: ``"structural"`` (default),
     ``"ignore-tensor"`` or ``"anchor-block"`` (see ``relax_tune.database.equality``).
     """
 
+    # Defaults for subclasses that do not call ``Database.__init__``.
+    module_equality: str = "structural"
+    _equality: ModuleEquality = ModuleEquality("structural")
+
     def __init__(self, module_equality: str = "structural") -> None:
         self._equality = ModuleEquality(module_equality)
-        self.module_equality: str = self._equality.name
+        self.module_equality = self._equality.name
 
     # ------------------------------------------------------------------ storage (subclasses)
     def has_workload(self, mod: tvm.IRModule | tirx.PrimFunc) -> bool:
@@ -90,13 +148,27 @@ class Database:
     def get_top_k(self, workload: Workload, top_k: int,
                   target: tvm.target.Target | dict | str | None = None) -> list[TuningRecord]:
         """Up to ``top_k`` valid records of ``workload``, fastest first; with ``target``, only
-        records made for a compatible target."""
+        records made for a compatible target. A subclass may implement MetaSchedule's
+        ``get_top_k(workload, top_k)`` instead: relax_tune then filters by target itself."""
         raise NotImplementedError(f"{type(self).__name__}.get_top_k")
 
     def get_records(self, workload: Workload) -> list[TuningRecord]:
         """Every record of ``workload``, failed ones included, in commit order (what a resumed
-        tuner needs so as not to measure the same trace twice)."""
-        raise NotImplementedError(f"{type(self).__name__}.get_records")
+        tuner needs so as not to measure the same trace twice).
+
+        This default picks them out of ``get_all_tuning_records()`` (the record's workload is
+        ``workload`` itself or a module equal to it under ``module_equality``)."""
+        equal: dict[int, bool] = {}  # id(record's Workload) -> same workload?
+        out = []
+        for record in self.get_all_tuning_records():
+            key = id(record.workload)
+            if key not in equal:
+                other = record.workload
+                equal[key] = other is workload or other.mod is workload.mod or \
+                    self._equality.equal(other.mod, workload.mod)
+            if equal[key]:
+                out.append(record)
+        return out
 
     def get_all_tuning_records(self) -> list[TuningRecord]:
         """Every record in the database, in commit (file) order."""
@@ -111,17 +183,51 @@ class Database:
         return True
 
     # ------------------------------------------------------------------ queries
-    def _find_workload(self, mod: tvm.IRModule) -> Workload | None:
-        """The stored workload equal to the normalised ``mod``, or None."""
-        return self.commit_workload(mod) if self.has_workload(mod) else None
+    def _find_workload(self, mod: tvm.IRModule, raw: tvm.IRModule | None = None,
+                       ) -> tuple[Workload, tvm.IRModule] | None:
+        """The stored workload equal to the normalised ``mod``, else the one equal to ``raw``
+        (the module exactly as the query gave it, as MetaSchedule asks), with the module that
+        matched it; or None."""
+        if self.has_workload(mod):
+            return self.commit_workload(mod), mod
+        if raw is not None and raw is not mod and not tvm_ffi.structural_equal(raw, mod) \
+                and self.has_workload(raw):
+            return self.commit_workload(raw), raw
+        return None
 
-    def _candidates(self, mod: tvm.IRModule, target: dict | None,
-                    workload_name: str) -> Iterator[TuningRecord]:
-        """Valid, target-compatible records for the normalised ``mod``, best first."""
-        workload = self._find_workload(mod)
-        if workload is None:
-            return iter(())
-        return iter(self.get_top_k(workload, max(len(self), 1), target))
+    def _candidates(self, mod: tvm.IRModule, target: dict | None, workload_name: str,
+                    raw: tvm.IRModule | None = None,
+                    ) -> tuple[tvm.IRModule, Iterator[TuningRecord]]:
+        """Valid, target-compatible records for the normalised ``mod`` (else for ``raw``), best
+        first, and the module their traces are to be replayed on (the one that matched)."""
+        found = self._find_workload(mod, raw)
+        if found is None:
+            return mod, iter(())
+        workload, matched = found
+        return matched, iter(top_k_records(self, workload, max(len(self), 1), target))
+
+    def _answer(self, mod: tvm.IRModule, target: dict | None, workload_name: str,
+                replay: bool, raw: tvm.IRModule | None = None,
+                ) -> tuple[TuningRecord, Schedule | None] | None:
+        """This database's answer to a query of the normalised ``mod``: its best candidate whose
+        trace replays (with ``replay``, replays on the matched module, and the schedule that
+        gives), or None. The unions combine their members' answers."""
+        matched, candidates = self._candidates(mod, target, workload_name, raw)
+        for record in candidates:
+            if replay:
+                sch = replay_on(record, matched)
+                if sch is not None:
+                    return record, sch
+            elif record.check_trace() is None:
+                return record, None
+        return None
+
+    def _query(self, mod: tvm.IRModule | tirx.PrimFunc, target: Any, workload_name: str,
+               replay: bool) -> tuple[TuningRecord, Schedule | None] | None:
+        raw = mod if isinstance(mod, tvm.IRModule) else \
+            tvm.IRModule({"main": mod}) if isinstance(mod, tirx.PrimFunc) else None
+        return self._answer(normalize_mod(mod), query_target_config(target), workload_name,
+                            replay, raw)
 
     def query_tuning_record(self, mod: tvm.IRModule | tirx.PrimFunc,
                             target: tvm.target.Target | dict | str | None = None,
@@ -129,23 +235,18 @@ class Database:
         """The best valid record of ``mod`` for ``target`` whose trace replays, or None.
 
         ``target`` None means the ``with target:`` scope, or any target outside one."""
-        query_mod = normalize_mod(mod)
-        for record in self._candidates(query_mod, query_target_config(target), workload_name):
-            if record.check_trace() is None:
-                return record
-        return None
+        answer = self._query(mod, target, workload_name, replay=False)
+        return None if answer is None else answer[0]
 
     def query_schedule(self, mod: tvm.IRModule | tirx.PrimFunc,
                        target: tvm.target.Target | dict | str | None = None,
                        workload_name: str = "main") -> Schedule | None:
         """The best schedule of ``mod`` for ``target``: the best record's trace replayed on the
-        query's (normalised) module, or None. Records whose trace does not replay are skipped."""
-        query_mod = normalize_mod(mod)
-        for record in self._candidates(query_mod, query_target_config(target), workload_name):
-            sch = replay_on(record, query_mod)
-            if sch is not None:
-                return sch
-        return None
+        query's (normalised) module, or None. Records whose trace does not replay are skipped.
+        (A database that only knows ``mod`` exactly as given, not normalised, answers with its
+        trace replayed on ``mod`` as given.)"""
+        answer = self._query(mod, target, workload_name, replay=True)
+        return None if answer is None else answer[1]
 
     def query_ir_module(self, mod: tvm.IRModule | tirx.PrimFunc,
                         target: tvm.target.Target | dict | str | None = None,

@@ -186,14 +186,16 @@ class IndexedDatabase(Database):
         """The number of records."""
         return len(self._records)
 
-    def _find_workload(self, mod: tvm.IRModule) -> Workload | None:
+    def _find_workload(self, mod: tvm.IRModule, raw: tvm.IRModule | None = None,
+                       ) -> tuple[Workload, tvm.IRModule] | None:
         group = self._find_group(mod, self._equality.hash(mod))
-        return None if group is None else self._workloads[group]
+        return None if group is None else (self._workloads[group], mod)  # type: ignore
 
-    def _candidates(self, mod: tvm.IRModule, target: dict | None,
-                    workload_name: str) -> Iterator[TuningRecord]:
+    def _candidates(self, mod: tvm.IRModule, target: dict | None, workload_name: str,
+                    raw: tvm.IRModule | None = None,
+                    ) -> tuple[tvm.IRModule, Iterator[TuningRecord]]:
         group = self._find_group(mod, self._equality.hash(mod))
         if group is None:
-            return iter(())
-        return (rec for rec in self._ranked_group(group)
-                if target_compatible(rec.target_config, target))
+            return mod, iter(())
+        return mod, (rec for rec in self._ranked_group(group)
+                     if target_compatible(rec.target_config, target))

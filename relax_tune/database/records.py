@@ -31,6 +31,7 @@ from ..utils import (
     schedule_from_json,
     structural_hash,
     target_config,
+    to_plain,
     trace_to_json,
 )
 
@@ -173,6 +174,41 @@ def _clean_run_secs(run_secs: Any) -> list[float] | None:
     return out
 
 
+def _clean_args_info(args_info: Any) -> list | None:
+    """``args_info`` as MetaSchedule's JSON form ``[["TENSOR", dtype, shape], ...]`` (or None).
+
+    Items already in that form are kept; an ArgInfo-like object (anything with ``as_json()``,
+    such as MetaSchedule's ``TensorInfo``) is converted with it; anything else raises
+    RelaxTuneError."""
+    if args_info is None:
+        return None
+    if type(args_info) is list and all(type(arg) is list for arg in args_info):
+        return args_info  # the common case (read from a file, or made by relax_tune)
+    if isinstance(args_info, (str, bytes, dict)) or not hasattr(args_info, "__iter__"):
+        raise RelaxTuneError(f"args_info must be a list of argument descriptions "
+                             f"([\"TENSOR\", dtype, shape] or ArgInfo objects) or None, not "
+                             f"{str(args_info)[:60]!r}")
+    out = []
+    for pos, arg in enumerate(args_info):
+        as_json = getattr(arg, "as_json", None)
+        try:
+            if callable(as_json):
+                value = to_plain(as_json())
+            elif isinstance(arg, (str, bytes, dict)) or not hasattr(arg, "__iter__"):
+                raise TypeError(f"a {type(arg).__name__}")
+            else:
+                value = to_plain(arg)
+        except Exception as err:  # as_json() or the conversion failed: say which argument
+            raise RelaxTuneError(
+                f"args_info[{pos}] ({str(arg)[:60]}) is not an argument description "
+                f"([\"TENSOR\", dtype, shape] or an ArgInfo with as_json()): {err}") from None
+        if not isinstance(value, list):
+            raise RelaxTuneError(f"args_info[{pos}] ({str(arg)[:60]}) is not an argument "
+                                 "description: its JSON form is not a list")
+        out.append(value)
+    return out
+
+
 class TuningRecord:
     """One measured candidate: a schedule trace for a workload, its run times and context.
 
@@ -180,7 +216,9 @@ class TuningRecord:
     ``trace`` replays it lazily on ``workload.mod``. ``run_secs`` is None or a list of seconds;
     non-finite times become ``FAILED_RUN_SECS``, which marks a failed build or run.
     ``target`` may be given as a Target, a target string or dict, or None (matches any target).
-    A ``tvm.s_tir.Trace`` is accepted in place of ``trace_json`` and converted.
+    A ``tvm.s_tir.Trace`` is accepted in place of ``trace_json`` and converted; so are
+    ArgInfo objects (anything with ``as_json()``, such as MetaSchedule's ``TensorInfo``) in
+    ``args_info``, which is stored as ``[["TENSOR", dtype, shape], ...]``.
     """
 
     __slots__ = ("trace_json", "workload", "run_secs", "args_info",
@@ -198,7 +236,7 @@ class TuningRecord:
         self.trace_json: list = trace_json
         self.workload = workload
         self.run_secs = _clean_run_secs(run_secs)
-        self.args_info = args_info
+        self.args_info = _clean_args_info(args_info)
         self._target: tvm.target.Target | None
         self._target_config: dict | None
         if target is None:

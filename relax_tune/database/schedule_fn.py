@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import tvm
 from tvm import tirx
 from tvm.s_tir import Schedule
 
-from ..utils import RelaxTuneError, normalize_mod
+from ..utils import RelaxTuneError
 from .base import Database
 from .records import TuningRecord, Workload
 
@@ -35,12 +35,6 @@ class ScheduleFnDatabase(Database):
     def __repr__(self) -> str:
         return f"ScheduleFnDatabase({getattr(self.schedule_fn, '__name__', self.schedule_fn)})"
 
-    def query_schedule(self, mod: tvm.IRModule | tirx.PrimFunc,
-                       target: tvm.target.Target | dict | str | None = None,
-                       workload_name: str = "main") -> Schedule | None:
-        """A Schedule of the normalised ``mod`` scheduled by ``schedule_fn``, or None."""
-        return self._schedule(normalize_mod(mod), workload_name)
-
     def _schedule(self, mod: tvm.IRModule, workload_name: str) -> Schedule | None:
         sch = Schedule(mod.with_attr("task_name", workload_name))
         try:
@@ -52,21 +46,15 @@ class ScheduleFnDatabase(Database):
             return None
         return sch if handled else None
 
-    def _candidates(self, mod: tvm.IRModule, target: dict | None,
-                    workload_name: str) -> Iterator[TuningRecord]:
+    def _answer(self, mod: tvm.IRModule, target: dict | None, workload_name: str,
+                replay: bool, raw: tvm.IRModule | None = None,
+                ) -> tuple[TuningRecord, Schedule | None] | None:
+        """``schedule_fn``'s schedule of the normalised ``mod`` and a record of its trace (no
+        run times: in a UnionDatabase any measured record beats it), or None."""
         sch = self._schedule(mod, workload_name)
-        if sch is not None:
-            yield TuningRecord(sch.trace, Workload(mod), None, target, None)
-
-    def query_tuning_record(self, mod: tvm.IRModule | tirx.PrimFunc,
-                            target: tvm.target.Target | dict | str | None = None,
-                            workload_name: str = "main") -> TuningRecord | None:
-        """A record (no run times) holding ``schedule_fn``'s trace on ``mod``, or None."""
-        sch = self.query_schedule(mod, target, workload_name)
         if sch is None:
             return None
-        return TuningRecord(sch.trace, Workload(normalize_mod(mod)), None,
-                            None if target is None else target, None)
+        return TuningRecord(sch.trace, Workload(mod), None, target, None), sch
 
     def has_workload(self, mod: tvm.IRModule | tirx.PrimFunc) -> bool:
         """Always False: nothing is stored."""

@@ -1,15 +1,19 @@
 """Read-only views over several databases: UnionDatabase (best record across all) and
-OrderedUnionDatabase (the first database with a usable record wins)."""
+OrderedUnionDatabase (the first database with a usable record wins).
+
+As in MetaSchedule, a union asks each member for its own answer and combines the answers, so
+unions nest: ``UnionDatabase(db3, OrderedUnionDatabase(db1, db2))`` answers with the better of
+db3's record and the ordered union's (db1's when db1 has one, however fast db2's is). Queries
+and ``get_top_k`` follow the same rule."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import tvm
 from tvm import tirx
+from tvm.s_tir import Schedule
 
 from ..utils import RelaxTuneError
-from .base import Database, rank
+from .base import Database, rank, top_k_records
 from .records import TuningRecord, Workload
 
 
@@ -59,21 +63,28 @@ class _Combined(Database):
 
 
 class UnionDatabase(_Combined):
-    """Queries every member and returns the fastest record among them (ties: member order)."""
+    """Asks every member for its answer and returns the fastest of those (ties: member order);
+    a member that is itself a union answers as that union does."""
 
     def get_top_k(self, workload: Workload, top_k: int,
                   target: tvm.target.Target | dict | str | None = None) -> list[TuningRecord]:
-        """The ``top_k`` fastest valid records of ``workload`` across all members."""
+        """The ``top_k`` fastest among the members' ``get_top_k`` answers for ``workload``."""
         if top_k < 0:
             raise RelaxTuneError(f"top_k must be non-negative, not {top_k}")
-        merged = [rec for db in self.databases for rec in db.get_top_k(workload, top_k, target)]
+        merged = [rec for db in self.databases
+                  for rec in top_k_records(db, workload, top_k, target)]
         return rank(merged)[:top_k]
 
-    def _candidates(self, mod: tvm.IRModule, target: dict | None,
-                    workload_name: str) -> Iterator[TuningRecord]:
-        merged = [rec for db in self.databases
-                  for rec in db._candidates(mod, target, workload_name)]
-        return iter(sorted(merged, key=lambda rec: rec.mean_run_secs))
+    def _answer(self, mod: tvm.IRModule, target: dict | None, workload_name: str,
+                replay: bool, raw: tvm.IRModule | None = None,
+                ) -> tuple[TuningRecord, Schedule | None] | None:
+        best = None
+        for db in self.databases:
+            answer = db._answer(mod, target, workload_name, replay, raw)
+            if answer is not None and (best is None
+                                       or answer[0].mean_run_secs < best[0].mean_run_secs):
+                best = answer
+        return best
 
 
 class OrderedUnionDatabase(_Combined):
@@ -86,12 +97,16 @@ class OrderedUnionDatabase(_Combined):
         if top_k < 0:
             raise RelaxTuneError(f"top_k must be non-negative, not {top_k}")
         for db in self.databases:
-            records = db.get_top_k(workload, top_k, target)
+            records = top_k_records(db, workload, top_k, target)
             if records:
                 return records
         return []
 
-    def _candidates(self, mod: tvm.IRModule, target: dict | None,
-                    workload_name: str) -> Iterator[TuningRecord]:
+    def _answer(self, mod: tvm.IRModule, target: dict | None, workload_name: str,
+                replay: bool, raw: tvm.IRModule | None = None,
+                ) -> tuple[TuningRecord, Schedule | None] | None:
         for db in self.databases:
-            yield from db._candidates(mod, target, workload_name)
+            answer = db._answer(mod, target, workload_name, replay, raw)
+            if answer is not None:
+                return answer
+        return None
