@@ -26,15 +26,15 @@ from .database import (
 from .extract import ExtractedTask, extract_tasks
 from .transform import ApplyDatabase, ExtractTasks, TuneIRMod, TuneTIR, relax_tune_pipeline
 from .tune import TaskReport, tune_relax, tune_tasks, tune_tir
-from .utils import RelaxTuneError, ensure_tvm_threads, host_target
+from .config import TuneConfig
+from .utils import RelaxTuneError, host_target
 
-ensure_tvm_threads()
 transform.register_pipeline()
 
 __all__ = [
     "ApplyDatabase", "Database", "ExtractTasks", "ExtractedTask", "JSONDatabase",
     "MemoryDatabase", "OrderedUnionDatabase", "RelaxTuneError", "ScheduleFnDatabase",
-    "TaskReport", "TuneIRMod", "TuneTIR", "TuningRecord", "UnionDatabase", "Workload",
+    "TaskReport", "TuneConfig", "TuneIRMod", "TuneTIR", "TuningRecord", "UnionDatabase", "Workload",
     "database", "extract_tasks", "host_target", "relax_tune_pipeline", "transform",
     "tune_relax", "tune_tasks", "tune_tir",
 ]

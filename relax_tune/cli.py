@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import os
@@ -43,92 +42,59 @@ def _split_names(values: list[str] | None) -> list[str] | None:
     return [name for value in values for name in value.split(",") if name]
 
 
-def parse_rpc(text: str) -> tuple[str, int, str]:
-    """``host:port:key`` -> ``(host, port, key)``; RelaxTuneError saying the form otherwise."""
-    parts = text.rsplit(":", 2)
-    if len(parts) != 3 or not all(parts):
-        raise RelaxTuneError(f"--rpc {text!r}: write TRACKER_HOST:TRACKER_PORT:DEVICE_KEY, "
-                             "e.g. 127.0.0.1:9190:rasp4")
-    host, port, key = parts
-    try:
-        port_number = int(port)
-    except ValueError:
-        raise RelaxTuneError(f"--rpc {text!r}: the tracker port {port!r} is not a number") \
-            from None
-    return host, port_number, key
-
-
 def make_rpc_runner(text: str) -> Any:
     """An RPC runner for ``--rpc host:port:key`` (``relax_tune.measure.RPCRunner``)."""
-    host, port, key = parse_rpc(text)
-    try:
-        from .measure import RPCRunner
-    except ImportError:
-        raise RelaxTuneError("--rpc needs relax_tune.measure.RPCRunner, which this relax_tune "
-                             "does not have yet; measure locally (drop --rpc) or update "
-                             "relax_tune") from None
-    return RPCRunner(tracker_host=host, tracker_port=port, device_key=key)
+    from .measure import RPCRunner, parse_rpc_spec
+
+    tracker, key = parse_rpc_spec(text)
+    return RPCRunner(tracker, key)
 
 
-def _tune_kwargs(args: argparse.Namespace) -> dict:
-    """The optional tune_tasks arguments the user set, checked against what tune_tasks takes."""
-    from .tune import tune_tasks
+def _tune_config(args: argparse.Namespace):
+    """The tuning session the command line asks for (``relax_tune.TuneConfig``)."""
+    from .config import make_config
 
-    wanted = {"max_time": args.max_time, "task_scheduler": args.scheduler,
+    wanted = {"max_trials_global": args.trials, "max_trials_per_task": args.trials_per_task,
+              "max_time": args.max_time, "task_scheduler": args.scheduler,
               "num_trials_per_iter": args.trials_per_iter, "strategy": args.strategy,
-              "seed": args.seed}
-    accepted = inspect.signature(tune_tasks).parameters
-    out = {}
-    for name, value in wanted.items():
-        if value is None:
-            continue
-        if name not in accepted:
-            raise RelaxTuneError(f"--{name.replace('_', '-')} is not supported by this "
-                                 "relax_tune's tuner yet; leave it out")
-        out[name] = value
-    return out
+              "seed": args.seed, "op_names": _split_names(args.op_names)}
+    return make_config(**{k: v for k, v in wanted.items() if v is not None})
 
 
 # ---------------------------------------------------------------------------- tune
 def _task_table(reports: list) -> str:
-    try:  # the tuner's own tuning table, where this relax_tune has one
-        from .progress import format_tuning_table
-    except ImportError:
-        from .demo import format_task_table as format_tuning_table
+    from .progress import format_tuning_table
+
     return format_tuning_table(reports)
 
 
 def _tune(args: argparse.Namespace) -> int:
     from .extract import extract_tasks
     from .model_loader import load_model, parse_shape_dict
-    from .report import write_task_meta
     from .tune import tune_tasks
+    from .work_dir import check_work_dir
 
-    if args.trials < 0:
-        raise RelaxTuneError(f"--trials must be >= 0, not {args.trials}")
+    config = _tune_config(args)
+    check_work_dir(args.work_dir)
     target = parse_target(_target_arg(args.target))
     model = load_model(args.model, parse_shape_dict(args.input_shape))
-    tasks = extract_tasks(model.lowered(target), target, op_names=_split_names(args.op_names))
+    tasks = extract_tasks(model.lowered(target), target, op_names=config.op_names)
     if not tasks:
         print("relax-tune: nothing to tune (no static-shape TIR function in the model)")
         return 0
-    kwargs = _tune_kwargs(args)
-    write_task_meta(args.work_dir, tasks)
     print(f"relax-tune: {len(tasks)} tasks of {args.model} on {target.kind.name} "
           f"({', '.join(t.task_name for t in tasks)}); {args.trials} trials, "
           f"work dir {args.work_dir}", flush=True)
     runner = make_rpc_runner(args.rpc) if args.rpc else None
     start = time.perf_counter()
     try:
-        reports = tune_tasks(tasks, args.work_dir, max_trials_global=args.trials,
-                             max_trials_per_task=args.trials_per_task,
-                             **({"runner": runner} if runner is not None else {}), **kwargs)
+        reports = tune_tasks(tasks, args.work_dir, config, runner=runner)
     except KeyboardInterrupt:
         print(f"\nrelax-tune: interrupted; every measured trial is kept in {args.work_dir}: "
               "run the same command again to resume", file=sys.stderr)
         return 130
     finally:
-        if runner is not None and hasattr(runner, "shutdown"):
+        if runner is not None:
             runner.shutdown()
     wall = time.perf_counter() - start
     print(_task_table(reports))
@@ -261,9 +227,6 @@ def _report(args: argparse.Namespace) -> int:
                          if args.target and not args.model else None, html_too=args.html)
     for path in files.summary + files.plots:
         print(path)
-    if not files.plots:
-        print("relax-tune: no plots (pip install 'relax_tune[plot]' for matplotlib)",
-              file=sys.stderr)
     return 0
 
 
@@ -307,7 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "against the budget and are never measured again. Ctrl-C stops with "
                     "everything measured so far kept. Logs go to WORK_DIR/logs.")
     _add_model_args(tune)
-    tune.add_argument("--work-dir", required=True, help="where the tuning database is kept")
+    tune.add_argument("--work-dir", required=True,
+                      help="the session's directory: tuning database, cost model, logs, task "
+                           "names (created if missing)")
     tune.add_argument("--trials", type=int, required=True,
                       help="trials shared by all tasks (max_trials_global)")
     tune.add_argument("--trials-per-task", type=int, default=None,
@@ -391,8 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "curve_<i>_<task>.png per task (best-so-far latency versus trial, every "
                     "trial as a dot, the untuned latency dashed), and summary.md with the "
                     "tasks, their best schedules and the estimated end-to-end time (sum of "
-                    "weight x latency; weights from tasks.json or --model, else 1). Plots need "
-                    "the plot extra (matplotlib).")
+                    "weight x latency; weights from tasks.json or --model, else 1).")
     report.add_argument("work_dir", metavar="WORK_DIR")
     report.add_argument("-o", "--output", default=None, help="directory for the report files")
     report.add_argument("--model", default=None,

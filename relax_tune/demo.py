@@ -10,7 +10,7 @@ import tvm
 from tvm import relax
 
 from .extract import extract_tasks
-from .transform import bind_params, lowering_passes
+from .prepare import lower_for_tuning
 from .tune import TaskReport, tune_tasks
 from .utils import parse_target
 
@@ -91,9 +91,7 @@ def run_demo(work_dir: str, max_trials_global: int = 64, target=None,
     weights = {name: arr for (name, _), arr in zip(params, inputs[1:])}
     with target:
         untuned = relax.get_pipeline("zero")(mod)
-        # as the pipeline lowers it with params: on CPU the weights are marked layout-free
-        lowered = tvm.transform.Sequential(lowering_passes(
-            target, cpu_weight_prepack=target.kind.name == "llvm"))(bind_params(mod, weights))
+    lowered = lower_for_tuning(mod, target, weights)  # as the pipeline lowers it with params
     tasks = extract_tasks(lowered, target)
     out(f"relax_tune demo: {len(tasks)} tasks "
         f"({', '.join(t.task_name for t in tasks)}) on {target}; weights bound, so the "

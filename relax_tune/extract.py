@@ -10,6 +10,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
+from .prepare import bind_and_fold, bind_params  # noqa: F401 (bind_params re-exported)
 from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target, structural_hash
 
 logger = logging.getLogger("relax_tune.extract")
@@ -27,7 +28,6 @@ class ExtractedTask:
     mod: the workload, an IRModule holding one PrimFunc named ``main`` (see ``normalize_mod``).
     target: the target it is tuned for.
     weight: number of ``call_tir`` sites that call it (1 for a bare TIR function).
-    dispatched: the workload modules of every function that maps to this task.
     shash: structural hash of ``mod`` (the key the database stores).
     func_names: names of the module functions that share this workload.
     """
@@ -36,7 +36,6 @@ class ExtractedTask:
     mod: tvm.IRModule
     target: tvm.target.Target
     weight: int
-    dispatched: list[tvm.IRModule] = field(default_factory=list)
     shash: int = 0
     func_names: list[str] = field(default_factory=list)
 
@@ -98,13 +97,13 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
     target: Target, target string/dict, or None for the ``with target:`` scope.
     op_names: keep only tasks whose name contains any of these strings; an entry that
         matches no function raises ``RelaxTuneError``.
-    params: optional ``{name: array}`` bound into the Relax functions before extraction.
+    params: optional ``{name: array}`` bound into the Relax functions, and what depends
+        only on them folded, before extraction (``prepare.bind_and_fold``).
     """
     if not isinstance(mod, tvm.IRModule):
         raise RelaxTuneError(f"extract_tasks expects a tvm.IRModule, not {type(mod).__name__}")
     target = parse_target(target)
-    if params:
-        mod = bind_params(mod, params)
+    mod = bind_and_fold(mod, params, target)
     relax_mod = _has_relax_functions(mod)
     counts = call_tir_counts(mod) if relax_mod else {}
 
@@ -141,37 +140,10 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
                      if tvm_ffi.structural_equal(t.mod, workload)), None)
         if same is not None:
             same.weight += weight
-            same.dispatched.append(workload)
             same.func_names.append(name)
             continue
         task = ExtractedTask(task_name=name, mod=workload, target=target, weight=weight,
-                             dispatched=[workload], shash=shash, func_names=[name])
+                             shash=shash, func_names=[name])
         by_hash.setdefault(shash, []).append(task)
         tasks.append(task)
     return tasks
-
-
-def bind_params(mod: tvm.IRModule, params: dict) -> tvm.IRModule:
-    """Bind ``params`` (``{parameter name: numpy array or tvm Tensor}``) as constants into
-    every Relax function that has parameters of those names; the functions lose those
-    parameters. A name that no Relax function has raises ``RelaxTuneError``."""
-    if not isinstance(params, dict):
-        raise RelaxTuneError(
-            f"params must be a dict {{parameter name: array}}, not {type(params).__name__}; "
-            "for export_tvm's list write {name: array for name, array in ...}")
-    names: set[str] = set()
-    out = mod
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        mine = {p.name: params[p.name] for p in func.params if p.name in params}
-        names.update(mine)
-        if mine:
-            out = relax.transform.BindParams(gv.name_hint, {
-                k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(v)
-                for k, v in mine.items()})(out)
-    unknown = sorted(set(params) - names)
-    if unknown:
-        raise RelaxTuneError(f"params {unknown} match no parameter of the module's Relax "
-                             "functions; pass the names export_tvm returned")
-    return out

@@ -2,8 +2,8 @@
 
 The database alone says, per workload, every measured trace in the order it was measured (the
 record file is append-only, so file order is trial order) and the untuned function's time (the
-empty-trace baseline record). It does not store task names or weights: ``relax-tune tune``
-writes them to ``work_dir/tasks.json`` (``write_task_meta``); without that file names are
+empty-trace baseline record). It does not store task names or weights: every tuning entry
+point writes them to ``work_dir/tasks.json`` (``work_dir.write_task_meta``); without that file names are
 derived from the workload's blocks and weights are unknown (counted as 1).
 
     summaries = summarize(JSONDatabase(work_dir=wd), read_task_meta(wd))
@@ -34,11 +34,9 @@ from .database.json_database import WORKLOAD_FILE
 from .tune import AppliedLatency
 from .search import candidate_key
 from .utils import RelaxTuneError, target_compatible
+from .work_dir import TASK_META_FILE, read_task_meta, write_task_meta  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("relax_tune.report")
-
-TASK_META_FILE = "tasks.json"
-"""Task names, weights and FLOPs of the model tuned in a work_dir (written by ``relax-tune tune``)."""
 
 _BASELINE_KEY = candidate_key([[], []])  # tune.BASELINE_TRACE: the untuned function
 
@@ -114,36 +112,6 @@ def workload_flops(mod: tvm.IRModule) -> float:
         return float(s_analysis.estimate_tir_flops(mod))
     except Exception:  # estimate_tir_flops rejects some opaque functions; display only
         return 0.0
-
-
-def write_task_meta(work_dir: str, tasks: Iterable[Any]) -> str:
-    """Record the tasks' names, weights and FLOPs in ``work_dir/tasks.json`` (merged with what
-    is there, keyed by structural hash) so reports can weight them; return the path."""
-    path = os.path.join(work_dir, TASK_META_FILE)
-    meta = read_task_meta(work_dir)
-    for task in tasks:
-        meta[int(task.shash)] = {"name": task.task_name, "weight": int(task.weight),
-                                 "func_names": list(task.func_names)}
-    os.makedirs(work_dir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as file:
-        json.dump([{"shash": str(k), **v} for k, v in meta.items()], file, indent=1)
-    os.replace(tmp, path)  # never leave a half-written file behind
-    return path
-
-
-def read_task_meta(work_dir: str) -> dict[int, dict]:
-    """``{structural hash: {"name", "weight", ...}}`` from ``work_dir/tasks.json``, or {}."""
-    path = os.path.join(work_dir, TASK_META_FILE)
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as file:
-            return {int(item["shash"]): {k: v for k, v in item.items() if k != "shash"}
-                    for item in json.load(file)}
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        logger.warning("%s is unreadable (%s); task names and weights unknown", path, err)
-        return {}
 
 
 def task_meta_from_tasks(tasks: Iterable[Any]) -> dict[int, dict]:

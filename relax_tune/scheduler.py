@@ -104,6 +104,11 @@ class GradientScheduler(TaskScheduler):
 _SCHEDULERS = {"gradient": GradientScheduler, "round-robin": RoundRobinScheduler}
 
 
+def scheduler_names() -> list[str]:
+    """The task scheduler names ``make_scheduler`` accepts."""
+    return sorted(_SCHEDULERS)
+
+
 def make_scheduler(name: str | TaskScheduler, seed: int = 1) -> TaskScheduler:
     """A scheduler by name ("gradient", "round-robin"), or the given instance."""
     if isinstance(name, TaskScheduler):

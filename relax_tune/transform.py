@@ -19,35 +19,44 @@ from collections.abc import Sequence
 import tvm
 from tvm import relax, tirx
 
-from .database import Database, JSONDatabase
-from .extract import ExtractedTask, bind_params, extract_tasks
-from .tune import TaskReport, open_database, tune_tasks
+from .config import TuneConfig, make_config
+from .database import Database
+from .extract import ExtractedTask, extract_tasks
+from .prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
+    _backend, bind_and_fold, bind_params, default_prepack, lower_for_tuning, lowering_passes)
+from .tune import TaskReport, tune_tasks
 from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target
+from .work_dir import check_work_dir, open_for_apply
 
 logger = logging.getLogger("relax_tune.transform")
 
 
-def _tune_module(mod: tvm.IRModule, target, work_dir, database, params, max_trials_global,
-                 max_trials_per_task, op_names, tune_kwargs) -> list[TaskReport]:
+def _tune_module(mod: tvm.IRModule, target, work_dir, database, params,
+                 config: TuneConfig) -> list[TaskReport]:
+    """Tune the tasks of ``mod`` (params bound and folded first) into work_dir/database.
+    A user's mistake (RelaxTuneError) stops the compilation; an internal failure is logged
+    and the compilation goes on with the records written so far."""
     target = parse_target(target)
-    db = open_database(work_dir, database)
-    if params:
-        # Tune what the compiled model will run: weight-only kernels fold away once bound.
-        with target:
-            mod = relax.transform.FoldConstant()(bind_params(mod, params))
-    tasks = extract_tasks(mod, target, op_names=op_names)
+    tasks = extract_tasks(bind_and_fold(mod, params, target), target, op_names=config.op_names)
     if not tasks:
         logger.warning("nothing to tune: no static-shape TIR function found")
         return []
     try:
-        return tune_tasks(tasks, max_trials_global=max_trials_global,
-                          max_trials_per_task=max_trials_per_task, database=db, **tune_kwargs)
+        return tune_tasks(tasks, work_dir, config, database=database)
     except RelaxTuneError:
         raise
     except Exception:  # never crash the user's compilation: records written so far are kept
         logger.exception("tuning stopped by an internal error; the compilation continues with "
                          "the records written so far")
         return []
+
+
+def _session(work_dir, config: TuneConfig | None, options: dict) -> TuneConfig:
+    """The pass's validated configuration: a misspelled option or a work_dir that is a file
+    stops the user at the pass's construction, before any work."""
+    if work_dir is not None:
+        check_work_dir(work_dir)
+    return make_config(config, **options)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_tune.TuneIRMod")
@@ -59,14 +68,16 @@ class TuneIRMod:
     params: ``{name: array}`` bound into the Relax functions, and what depends only on them
         folded, before extracting tasks (or None): the tasks are then the kernels a model
         compiled with those params runs (no weight transposes).
-    work_dir: where the JSON database is kept (created if missing).
+    work_dir: the session's directory: database, cost model, logs, task names
+        (``relax_tune.work_dir``; created if missing).
     max_trials_global: trials shared by all tasks.
     max_trials_per_task: cap per task (default: the global budget).
     op_names: keep only tasks whose name contains any of these strings.
     target: Target/str/dict; default the ``with target:`` scope.
-    database: a Database to write to instead of work_dir's.
-    **tune_kwargs: passed on to ``relax_tune.tune.tune_tasks`` (num_trials_per_iter, builder,
-        runner, strategy, seed, ...).
+    database: a Database to write records to instead of work_dir's files.
+    config: a ``TuneConfig``; ``**options`` (any ``TuneConfig`` field: num_trials_per_iter,
+        runner, strategy, seed, ...) replace its values. An unknown option raises
+        ``RelaxTuneError`` here, before any work.
 
     The module is returned unchanged; ``reports`` holds one ``TaskReport`` per task afterwards.
     """
@@ -74,17 +85,18 @@ class TuneIRMod:
     def __init__(self, params: dict | None = None, work_dir: str | None = None,
                  max_trials_global: int = 64, max_trials_per_task: int | None = None,
                  op_names: Sequence[str] | None = None, target=None,
-                 database: Database | None = None, **tune_kwargs):
-        self.params, self.work_dir, self.database = params, work_dir, database
-        self.max_trials_global, self.max_trials_per_task = max_trials_global, max_trials_per_task
-        self.op_names, self.target, self.tune_kwargs = op_names, target, tune_kwargs
+                 database: Database | None = None, config: TuneConfig | None = None,
+                 **options):
+        self.config = _session(work_dir, config, dict(
+            options, max_trials_global=max_trials_global,
+            max_trials_per_task=max_trials_per_task, op_names=op_names))
+        self.params, self.work_dir, self.database, self.target = params, work_dir, database, target
         self.reports: list[TaskReport] = []
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Tune, write records, return ``mod`` unchanged."""
-        self.reports = _tune_module(mod, self.target, self.work_dir, self.database, self.params,
-                                    self.max_trials_global, self.max_trials_per_task,
-                                    self.op_names, self.tune_kwargs)
+        self.reports = _tune_module(mod, self.target, self.work_dir, self.database,
+                                    self.params, self.config)
         return mod
 
 
@@ -99,10 +111,12 @@ class TuneTIR:
 
     def __init__(self, work_dir: str | None = None, max_trials_global: int = 64,
                  max_trials_per_task: int | None = None, op_names: Sequence[str] | None = None,
-                 target=None, database: Database | None = None, **tune_kwargs):
+                 target=None, database: Database | None = None,
+                 config: TuneConfig | None = None, **options):
+        self.config = _session(work_dir, config, dict(
+            options, max_trials_global=max_trials_global,
+            max_trials_per_task=max_trials_per_task, op_names=op_names))
         self.work_dir, self.database, self.target = work_dir, database, target
-        self.max_trials_global, self.max_trials_per_task = max_trials_global, max_trials_per_task
-        self.op_names, self.tune_kwargs = op_names, tune_kwargs
         self.reports: list[TaskReport] = []
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -110,8 +124,7 @@ class TuneTIR:
         prims = tvm.IRModule({gv: f for gv, f in mod.functions.items()
                               if isinstance(f, tirx.PrimFunc)})
         self.reports = _tune_module(prims, self.target, self.work_dir, self.database, None,
-                                    self.max_trials_global, self.max_trials_per_task,
-                                    self.op_names, self.tune_kwargs)
+                                    self.config)
         return mod
 
 
@@ -126,10 +139,8 @@ class ExtractTasks:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Extract the tasks of ``mod`` and return it unchanged."""
-        if self.params:
-            with parse_target(self.target):
-                mod = relax.transform.FoldConstant()(bind_params(mod, self.params))
-        self.tasks = extract_tasks(mod, self.target, op_names=self.op_names)
+        self.tasks = extract_tasks(bind_and_fold(mod, self.params, self.target), self.target,
+                                   op_names=self.op_names)
         return mod
 
 
@@ -162,8 +173,8 @@ class ApplyDatabase:
     def _database(self) -> Database:
         if self.database is not None:
             return self.database
-        if self.work_dir is not None:
-            return JSONDatabase(work_dir=self.work_dir)
+        if self.work_dir is not None:  # read only: applying never creates files
+            return open_for_apply(self.work_dir)
         current = Database.current()
         if current is None:
             raise RelaxTuneError("ApplyDatabase needs work_dir=..., database=..., or a "
@@ -215,44 +226,6 @@ class ApplyDatabase:
         return new.with_attr("tirx.is_scheduled", True)
 
 
-def _backend(target: tvm.target.Target):
-    kind = target.kind.name
-    if kind == "llvm":
-        return relax.backend.cpu_generic.pipeline
-    if kind == "cuda":
-        return relax.backend.cuda.pipeline
-    raise RelaxTuneError(f"the relax_tune pipeline supports llvm and cuda targets, not {kind!r}")
-
-
-def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = False,
-                    cpu_weight_prepack: bool = False) -> list[tvm.transform.Pass]:
-    """The passes the "relax_tune" pipeline runs before tuning (legalize, fuse, FuseTIR).
-
-    A model lowered with them (inside ``with target:``, after ``bind_params`` when the
-    pipeline gets ``params``) has exactly the tasks the pipeline tunes and applies, so tuning
-    it separately (``relax-tune tune``) fills the database the pipeline then uses. The two
-    flags mean what they mean in ``relax_tune_pipeline`` (whose ``cpu_weight_prepack`` is on
-    by default for llvm targets given ``params`` or ``lift_transform_params``: lower such a
-    model with it on too)."""
-    return [
-        relax.transform.DecomposeOpsForInference(),
-        relax.transform.CanonicalizeBindings(),
-        *([relax.transform.LiftTransformParams()] if lift_transform_params else []),
-        *_backend(target).library_dispatch_passes(target),
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-        *([relax.transform.AttachAttrLayoutFreeBuffers()] if cpu_weight_prepack else []),
-    ]
-
-
-def _has_num_input(mod: tvm.IRModule) -> bool:
-    return any(isinstance(f, relax.Function) and f.attrs is not None and "num_input" in f.attrs
-               for _, f in mod.functions.items())
-
-
 def _without_transform_params(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` minus the lifted ``*_transform_params`` functions: their kernels run once per
     weight set, not per call, so they are not worth tuning trials."""
@@ -260,19 +233,12 @@ def _without_transform_params(mod: tvm.IRModule) -> tvm.IRModule:
                          if not gv.name_hint.endswith("_transform_params")})
 
 
-def _gpu_default_schedule() -> tvm.transform.Pass:
-    from tvm.s_tir import dlight as dl  # imported here: only GPU targets need it
-
-    return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                   dl.gpu.GeneralReduction(), dl.gpu.Fallback())
-
-
 def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
                         max_trials_global: int = 64, max_trials_per_task: int | None = None,
                         op_names: Sequence[str] | None = None, params: dict | None = None,
                         lift_transform_params: bool = False,
                         cpu_weight_prepack: bool | None = None,
-                        **tune_kwargs) -> tvm.transform.Pass:
+                        config: TuneConfig | None = None, **options) -> tvm.transform.Pass:
     """The "relax_tune" pipeline: prepare the weights, lower, tune, apply the database,
     finish the build pipeline. Use it as the ``relax_pipeline`` of ``tvm.compile``::
 
@@ -315,42 +281,41 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
     GPU targets (``cuda``): functions without a tuning record get ``tvm.s_tir.dlight``'s
     default schedules (Matmul, GEMV, Reduction, GeneralReduction, Fallback), so the compiled
     model always runs. With ``max_trials_global=0`` the pipeline only applies the records
-    already in ``work_dir``. ``tune_kwargs`` go to ``relax_tune.tune.tune_tasks``.
+    already in ``work_dir``. ``config``/``options`` describe the tuning session as for
+    ``TuneIRMod`` (an unknown option raises ``RelaxTuneError`` when the pipeline is made).
     """
     if cpu_weight_prepack and params is None and not lift_transform_params:
         raise RelaxTuneError("cpu_weight_prepack=True needs params={...} (prepack at compile "
                              "time) or lift_transform_params=True (prepack in "
                              "<func>_transform_params)")
 
+    tuner = TuneIRMod(work_dir=work_dir, config=config, max_trials_global=max_trials_global,
+                      max_trials_per_task=max_trials_per_task, op_names=op_names, **options)
+
     @tvm.transform.module_pass(opt_level=0, name="relax_tune.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = parse_target(target)
         backend = _backend(tgt)
-        prepack = ((bool(params) or lift_transform_params) and tgt.kind.name == "llvm"
-                   if cpu_weight_prepack is None else cpu_weight_prepack)
-        if params:
-            mod = bind_params(mod, params)
-        lift = lift_transform_params and _has_num_input(mod)
-        if lift_transform_params and not lift:
-            raise RelaxTuneError("lift_transform_params=True needs Relax functions with a "
-                                 "'num_input' attribute (export_tvm sets it); add "
-                                 "func.with_attr('num_input', n) for n runtime inputs")
+        prepack = default_prepack(tgt, params, lift_transform_params) \
+            if cpu_weight_prepack is None else cpu_weight_prepack
+        # Lifting before tuning makes the tasks those of the bound model (weight-only work
+        # is out of the kernels); with prepacking a second lift after the split adds the
+        # packing to the same <func>_transform_params.
+        mod = lower_for_tuning(mod, tgt, params, lift_transform_params, prepack)
         with tgt:
-            # Lifting before tuning makes the tasks those of the bound model (weight-only
-            # work is out of the kernels); with prepacking a second lift after the split
-            # adds the packing to the same <func>_transform_params.
-            mod = tvm.transform.Sequential(lowering_passes(tgt, lift, prepack))(mod)
             if max_trials_global > 0:
-                TuneIRMod(work_dir=work_dir, max_trials_global=max_trials_global,
-                          max_trials_per_task=max_trials_per_task, op_names=op_names,
-                          **tune_kwargs)(_without_transform_params(mod))
+                tuner(_without_transform_params(mod))
             post = [ApplyDatabase(work_dir=work_dir)]
             if prepack:
                 post += [relax.transform.SplitLayoutRewritePreproc(),
-                         *([relax.transform.LiftTransformParams()] if lift else []),
+                         *([relax.transform.LiftTransformParams()]
+                           if lift_transform_params else []),
                          relax.transform.FoldConstant()]
             if tgt.kind.name == "cuda":
-                post.append(_gpu_default_schedule())
+                from .space.gpu import default_schedule_pass, ensure_cuda_compiler
+
+                ensure_cuda_compiler()  # this process builds CUDA kernels now
+                post.append(default_schedule_pass())
             return tvm.transform.Sequential([
                 *post,
                 *backend.dataflow_lower_passes(tgt),

@@ -7,7 +7,6 @@ entry points that extract tasks first and return the database.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -16,17 +15,20 @@ from dataclasses import dataclass, field
 import tvm
 from tvm.s_tir import analysis as s_analysis
 
-from .database import Database, JSONDatabase, TuningRecord
-from .cost_model import cost_model_dir, make_cost_model
+from .config import TuneConfig, make_config
+from .cost_model import make_cost_model
+from .database import Database, TuningRecord
 from .extract import ExtractedTask, extract_tasks
 from .measure import LocalBuilder, LocalRunner, MeasureError, RunResult
 from .measure.base import ERROR_CRASHED, ERROR_TIMEOUT
-from .measure.head_to_head import DEFAULT_ROUNDS, head_to_head
+from .measure.head_to_head import head_to_head
 from .measure.verify import CorrectnessChecker
+from .prepare import bind_and_fold
 from .progress import Progress
-from .scheduler import TaskProgress, TaskScheduler, make_scheduler
+from .scheduler import TaskProgress, make_scheduler
 from .search import Candidate, SearchContext, candidate_key, make_search
-from .utils import FAILED_RUN_SECS, RelaxTuneError, args_info, parse_target
+from .utils import FAILED_RUN_SECS, args_info, parse_target
+from .work_dir import check_work_dir, cost_model_dir, logs_dir, open_database, write_task_meta
 
 logger = logging.getLogger("relax_tune.tune")
 
@@ -123,62 +125,38 @@ def _flops(mod: tvm.IRModule) -> float:
         return 0.0
 
 
-def open_database(work_dir: str | None, database: Database | None) -> Database:
-    """The database to use: the one given, the current ``with db:`` one, or work_dir's JSON files."""
-    if database is not None:
-        return database
-    if work_dir is None:
-        current = Database.current()
-        if current is not None:
-            return current
-        raise RelaxTuneError("give work_dir=... (where tuning records are kept) or database=...")
-    return JSONDatabase(work_dir=work_dir)
-
-
-def tune_tasks(
-    tasks: Sequence[ExtractedTask],
-    work_dir: str | None = None,
-    max_trials_global: int = 64,
-    max_trials_per_task: int | None = None,
-    *,
-    database: Database | None = None,
-    num_trials_per_iter: int = 16,
-    builder: LocalBuilder | None = None,
-    runner: LocalRunner | None = None,
-    strategy: str = "evolutionary",
-    cost_model="xgb",
-    task_scheduler: str | TaskScheduler = "gradient",
-    max_time: float | None = None,
-    convergence_window: int = 64,
-    min_task_share: float = 0.005,
-    seed: int = 1,
-    measure_baseline: bool = True,
-    check_correctness: bool = True,
-    head_to_head_rounds: int = DEFAULT_ROUNDS,
-    progress_bar: bool | None = None,
-) -> list[TaskReport]:
+def tune_tasks(tasks: Sequence[ExtractedTask], work_dir: str | None = None,
+               config: TuneConfig | None = None, *, database: Database | None = None,
+               **options) -> list[TaskReport]:
     """Tune ``tasks`` and commit every measured candidate to the database.
 
+    The session is described by ``config`` (a ``TuneConfig``) with ``options`` (any of its
+    fields, e.g. ``max_trials_global=64``) replacing its values; an unknown or ill-typed
+    option raises ``RelaxTuneError`` before anything runs. ``work_dir`` holds the session's
+    database, cost model, logs and task names (``relax_tune.work_dir``); ``database``
+    replaces its database files only.
+
     Budgets: ``max_trials_global`` trials shared by all tasks, at most
-    ``max_trials_per_task`` each (default: no cap beyond the global one), batches of
-    ``num_trials_per_iter``, and an optional wall-clock limit ``max_time`` (seconds; the
-    batch in flight finishes). The ``task_scheduler`` ("gradient" or "round-robin") picks
-    the task of each batch; every task that matters gets its first batch before any task
-    gets a second, most important first (share of the untuned model time), with the first
-    round split evenly when the budget is small. Tasks whose untuned time is below
-    ``min_task_share`` of the model's are left at their baseline ("too cheap"). A task stops
-    when its space is exhausted or when its best did not improve by 1% over its last
-    ``convergence_window`` trials; its budget flows to the others.
+    ``max_trials_per_task`` each, batches of ``num_trials_per_iter``, and an optional
+    wall-clock limit ``max_time`` (seconds; the batch in flight finishes). The
+    ``task_scheduler`` ("gradient" or "round-robin") picks the task of each batch; every
+    task gets its first batch before any task gets a second, most important first (share
+    of the untuned model time), with the first round split evenly when the budget is small.
+    After its first batch a task is judged by what it costs in the tuned model (weight x
+    its best latency, re-estimated after every batch): below ``min_task_share`` of the
+    model's estimated tuned time it waits at its best ("too cheap"), and gets trials again
+    if the others' tuning raises its share. A task stops when its space is exhausted or
+    when its best did not improve by 1% over its last ``convergence_window`` trials; its
+    budget flows to the others.
 
     Resumption: records already in the database count against the budgets and are never
     measured again, so running twice with the same work_dir resumes instead of starting
     over. Each task's untuned function is timed once and recorded as its baseline (an empty
     trace), which is not counted as a trial. A candidate that fails to build or run is
     recorded with run_secs [1e10]; it never stops tuning. ``strategy`` names a search
-    (``relax_tune.search.search_names()``); ``cost_model``
-    ("xgb", "random", "none" or a CostModel; loaded from and saved to work_dir/cost_model)
-    is handed to every task's search
-    through its ``SearchContext``. Progress: a bar and a tuning table on a terminal
+    (``relax_tune.search.search_names()``); ``cost_model`` ("xgb", "random", "none" or a
+    CostModel; loaded from and saved to work_dir/cost_model) is handed to every task's
+    search through its ``SearchContext``. Progress: a bar and a tuning table on a terminal
     (``progress_bar`` forces it on or off), the full log in ``work_dir/logs/tune.log``.
 
     Correctness (``check_correctness``, on by default): a candidate about to become its
@@ -195,48 +173,49 @@ def tune_tasks(
 
     Returns one ``TaskReport`` per task, in the order given.
     """
-    if max_trials_global < 0 or (max_trials_per_task is not None and max_trials_per_task < 0):
-        raise RelaxTuneError("trial budgets must be >= 0")
-    if num_trials_per_iter < 1:
-        raise RelaxTuneError(f"num_trials_per_iter must be >= 1, not {num_trials_per_iter}")
-    if head_to_head_rounds < 0:
-        raise RelaxTuneError(f"head_to_head_rounds must be >= 0, not {head_to_head_rounds}")
+    cfg = make_config(config, **options)
+    if work_dir is not None:
+        work_dir = check_work_dir(work_dir)
     db = open_database(work_dir, database)
-    scheduler = make_scheduler(task_scheduler, seed)
-    per_task = max_trials_global if max_trials_per_task is None else max_trials_per_task
-    own_builder, own_runner = builder is None, runner is None
-    builder = builder or LocalBuilder()
-    runner = runner or LocalRunner()
-    checker = CorrectnessChecker(builder, runner) if check_correctness else None
-    model = make_cost_model(cost_model, work_dir)  # a name, or a CostModel passed through
-    states = [_init_state(i, task, db, strategy, seed, model)
+    if work_dir is not None and tasks:
+        write_task_meta(work_dir, tasks)
+    scheduler = make_scheduler(cfg.task_scheduler, cfg.seed)
+    per_task = cfg.per_task_budget
+    builder = cfg.builder or LocalBuilder()
+    runner = cfg.runner or LocalRunner()
+    for kind_target in {t.target.kind.name: t.target for t in tasks}.values():
+        runner.check_target(kind_target)  # e.g. cuda without a GPU: stop before any work
+    checker = CorrectnessChecker(builder, runner) if cfg.check_correctness else None
+    model = make_cost_model(cfg.cost_model, work_dir)  # a name, or a CostModel passed through
+    states = [_init_state(i, task, db, cfg.strategy, cfg.seed, model)
               for i, task in enumerate(tasks)]
-    remaining = max(0, max_trials_global - sum(st.report.trials for st in states))
-    progress = Progress(remaining, os.path.join(work_dir, "logs") if work_dir else None,
-                        enable_bar=progress_bar)
-    deadline = None if max_time is None else time.monotonic() + max_time
+    remaining = max(0, cfg.max_trials_global - sum(st.report.trials for st in states))
+    progress = Progress(remaining, logs_dir(work_dir) if work_dir else None,
+                        enable_bar=cfg.progress_bar)
+    deadline = None if cfg.max_time is None else time.monotonic() + cfg.max_time
     for part in (builder, runner):  # worker start-up overlaps the first build
         if remaining > 0 and hasattr(part, "start"):
             part.start()
     try:
-        if measure_baseline and remaining > 0:
+        if cfg.measure_baseline and remaining > 0:
             for st in states:
                 if BASELINE_KEY not in st.measured:
                     _measure(st, [None], db, builder, runner, checker)
-        _prioritise(states, min_task_share, per_task)
+        _prioritise(states, per_task)
         rounds_since_table = 0
         while remaining > 0:
             if deadline is not None and time.monotonic() >= deadline:
-                logger.info("max_time of %.0f s reached; stopping", max_time)
+                logger.info("max_time of %.0f s reached; stopping", cfg.max_time)
                 for st in states:
                     if st.progress.active:
                         st.report.status = "time"
                 break
+            _judge_shares(states, cfg.min_task_share)
             index = scheduler.next_task([st.progress for st in states])
             if index is None:
                 break
             st = states[index]
-            n = min(num_trials_per_iter, per_task - st.report.trials, remaining)
+            n = min(cfg.num_trials_per_iter, per_task - st.report.trials, remaining)
             if st.progress.rounds == 0:  # a small budget is split over the first round
                 waiting = sum(1 for t in states if t.progress.active and t.progress.rounds == 0)
                 n = min(n, max(1, remaining // waiting))
@@ -246,9 +225,9 @@ def tune_tasks(
                 continue
             for cand in cands:
                 st.measured.add(cand.key)
-            _measure(st, cands, db, builder, runner, checker, head_to_head_rounds)
+            _measure(st, cands, db, builder, runner, checker, cfg.head_to_head_rounds)
             remaining -= len(cands)
-            _after_round(st, per_task, convergence_window)
+            _after_round(st, per_task, cfg.convergence_window)
             progress.advance(st.report, len(cands))
             rounds_since_table += 1
             if rounds_since_table >= sum(1 for t in states if t.progress.active) > 0:
@@ -265,16 +244,16 @@ def tune_tasks(
                 st.report.status = "budget" if st.report.trials >= per_task else "stopped"
         progress.table([st.report for st in states])
         progress.close()
-        if own_builder:
+        if cfg.builder is None:
             builder.shutdown()
-        if own_runner:
+        if cfg.runner is None:
             runner.shutdown()
     return [st.report for st in states]
 
 
-def _prioritise(states: list[_TaskState], min_share: float, per_task: int) -> None:
-    """Set each task's importance (share of the untuned model time, or of FLOPs while any
-    baseline is missing) and leave the tasks too cheap to matter, or at budget, inactive."""
+def _prioritise(states: list[_TaskState], per_task: int) -> None:
+    """Set each task's importance for the first round (share of the untuned model time, or
+    of FLOPs while any baseline is missing) and leave the tasks at budget inactive."""
     measured = all(st.report.baseline_secs for st in states)
     weights = [st.report.weight * (st.report.baseline_secs if measured else st.report.flops)
                for st in states]
@@ -283,10 +262,29 @@ def _prioritise(states: list[_TaskState], min_share: float, per_task: int) -> No
         st.progress.importance = w / total if total > 0 else 1.0
         if st.report.trials >= per_task:
             _finish(st, "budget")
-        elif measured and len(states) > 1 and st.progress.importance < min_share:
+
+
+def _judge_shares(states: list[_TaskState], min_share: float) -> None:
+    """After its first batch, a task's importance is its share of the estimated tuned model
+    time (weight x the latency ApplyDatabase would use); a task below ``min_share`` waits
+    ("too cheap") and comes back when the others' tuning raises its share. Untuned time is
+    no guide: untuned convolutions are 50-100x slower than tuned ones, so judged by it the
+    cheap-looking tasks become the slowest kernels of the tuned model."""
+    tried = [st for st in states if (st.progress.rounds > 0 or st.report.trials > 0)
+             and st.report.applied_secs]
+    if len(tried) < 2 or any(st.progress.active and st.progress.rounds == 0 for st in states):
+        return  # the first round is not over
+    costs = {id(st): st.report.weight * st.report.applied_secs for st in tried}
+    total = sum(costs.values())
+    for st in tried:
+        share = costs[id(st)] / total if total > 0 else 1.0
+        st.progress.importance = share
+        if st.progress.active and share < min_share:
             _finish(st, "too cheap")
-            logger.info("%s: %.2f%% of the untuned model time; kept at its baseline",
-                        st.report.task_name, 100 * st.progress.importance)
+            logger.info("%s: %.2f%% of the estimated tuned model time; waits at its best",
+                        st.report.task_name, 100 * share)
+        elif st.report.status == "too cheap" and share >= min_share:
+            st.progress.active, st.report.status = True, "tuning"
 
 
 def _finish(st: _TaskState, status: str) -> None:
@@ -393,6 +391,8 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
         st.best_history.append(report.best_secs or float("inf"))
     if measured_cands:
         st.search.update(measured_cands, measured_secs)
+    keep = {st.best_artifact, st.reference[0] if st.reference else None}
+    builder.discard([b.artifact_path for b in builds if b.artifact_path not in keep])
 
 
 def _challenge(st: _TaskState, artifacts: list[str | None], runs: list[RunResult],
@@ -482,54 +482,34 @@ def _time_baseline(target, info: list, artifact: str | None, runner: LocalRunner
     return runner.run([artifact], info, target, max_secs=_BASELINE_ONE_CALL_SECS)[0]
 
 
-def tune_tir(
-    mod: tvm.IRModule | tvm.tirx.PrimFunc,
-    target=None,
-    work_dir: str | None = None,
-    max_trials_global: int = 64,
-    max_trials_per_task: int | None = None,
-    op_names: Sequence[str] | None = None,
-    **kwargs,
-) -> Database:
+def tune_tir(mod: tvm.IRModule | tvm.tirx.PrimFunc, target=None, work_dir: str | None = None,
+             config: TuneConfig | None = None, *, database: Database | None = None,
+             **options) -> Database:
     """Tune every PrimFunc of a TIR module (or one PrimFunc) with one shared budget.
 
+    ``config``/``options`` as in ``tune_tasks`` (``op_names`` filters the functions).
     Returns the database the records were written to (``JSONDatabase(work_dir)``).
-    Extra keyword arguments go to ``tune_tasks``.
     """
+    cfg = make_config(config, **options)
     if isinstance(mod, tvm.tirx.PrimFunc):
         mod = tvm.IRModule({"main": mod})
     target = parse_target(target)
-    tasks = extract_tasks(mod, target, op_names=op_names)
-    db = open_database(work_dir, kwargs.pop("database", None))
-    tune_tasks(tasks, max_trials_global=max_trials_global, max_trials_per_task=max_trials_per_task,
-               database=db, **kwargs)
+    tasks = extract_tasks(mod, target, op_names=cfg.op_names)
+    db = open_database(work_dir, database)
+    tune_tasks(tasks, work_dir, cfg, database=db)
     return db
 
 
-def tune_relax(
-    mod: tvm.IRModule,
-    params: dict | None,
-    target=None,
-    work_dir: str | None = None,
-    max_trials_global: int = 64,
-    max_trials_per_task: int | None = None,
-    op_names: Sequence[str] | None = None,
-    **kwargs,
-) -> Database:
-    """Tune the TIR functions called from a legalized Relax module (see ``extract_tasks``).
-
-    Returns the database the records were written to. Extra keyword arguments go to
-    ``tune_tasks``.
-    """
+def tune_relax(mod: tvm.IRModule, params: dict | None, target=None,
+               work_dir: str | None = None, config: TuneConfig | None = None, *,
+               database: Database | None = None, **options) -> Database:
+    """Tune the TIR functions called from a legalized Relax module; ``params`` are bound
+    and what depends only on them folded first (``prepare.bind_and_fold``), as
+    ``TuneIRMod`` does. ``config``/``options`` as in ``tune_tasks``. Returns the database
+    the records were written to."""
+    cfg = make_config(config, **options)
     target = parse_target(target)
-    tasks = extract_tasks(mod, target, op_names=op_names, params=params)
-    db = open_database(work_dir, kwargs.pop("database", None))
-    tune_tasks(tasks, max_trials_global=max_trials_global, max_trials_per_task=max_trials_per_task,
-               database=db, **kwargs)
+    tasks = extract_tasks(bind_and_fold(mod, params, target), target, op_names=cfg.op_names)
+    db = open_database(work_dir, database)
+    tune_tasks(tasks, work_dir, cfg, database=db)
     return db
-
-
-def geomean_speedup(reports: Sequence[TaskReport]) -> float | None:
-    """Geometric mean of the per-task speedups over the untuned functions."""
-    ups = [r.speedup for r in reports if r.speedup]
-    return math.exp(sum(math.log(u) for u in ups) / len(ups)) if ups else None

@@ -170,7 +170,9 @@ def ensure_tvm_threads() -> int:
 
     TVM assumes hyper-threading and starts half the cores' threads by default; on a 2-vCPU
     machine every kernel would then run, and be tuned, on one thread. This must run before
-    the process (or a worker it spawns) first launches a parallel kernel.
+    the process first launches a parallel kernel. relax_tune calls it in its own worker
+    processes only; a user's process that runs tuned models calls it (or sets
+    TVM_NUM_THREADS) itself, before the first call.
     """
     import os
 

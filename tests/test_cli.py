@@ -191,7 +191,7 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys, onnx_model):
     assert code == 2 and "holds no tuning database" in err
     code, _, err = run_cli(capsys, "tune", path, "--work-dir", str(tmp_path / "w"),
                            "--trials", "4", "--rpc", "localhost:notaport:key")
-    assert code == 2 and "tracker port" in err
+    assert code == 2 and "is not host:port:key" in err
     code, _, err = run_cli(capsys, "tune", path, "--work-dir", str(tmp_path / "w"),
                            "--trials", "4", "--op-names", "conv2d")
     assert code == 2 and "match no tunable function" in err
@@ -203,9 +203,11 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys, onnx_model):
 
 
 def test_parse_helpers():
-    assert cli.parse_rpc("10.0.0.1:9190:rasp4") == ("10.0.0.1", 9190, "rasp4")
-    with pytest.raises(RelaxTuneError, match="TRACKER_HOST:TRACKER_PORT:DEVICE_KEY"):
-        cli.parse_rpc("localhost:9190")
+    from relax_tune.measure import parse_rpc_spec
+
+    assert parse_rpc_spec("10.0.0.1:9190:rasp4") == ("10.0.0.1:9190", "rasp4")
+    with pytest.raises(RelaxTuneError, match="is not host:port:key"):
+        parse_rpc_spec("localhost:9190")
     assert parse_shape_dict(["x=1,784", "y=2x3"]) == {"x": [1, 784], "y": [2, 3]}
     with pytest.raises(RelaxTuneError, match="NAME=D0,D1"):
         parse_shape_dict(["x"])

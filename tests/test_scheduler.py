@@ -90,11 +90,16 @@ def test_max_time_stops_tuning(two_task_model, tmp_path):
     assert time.monotonic() - start < 120
 
 
-def test_too_cheap_task_keeps_its_baseline(two_task_model, tmp_path):
-    reports = rt.tune_tasks(two_task_model, str(tmp_path), max_trials_global=4,
-                            num_trials_per_iter=2)
+def test_too_cheap_is_judged_on_the_tuned_model_after_a_first_batch(two_task_model, tmp_path):
+    """Every task gets its first batch; then a task whose share of the estimated tuned
+    model time (weight x best latency) is under min_task_share waits, and the budget goes
+    to the others. (16^3 x 1 against 64^3 x 4: well under 20% once both are tuned.)"""
+    reports = rt.tune_tasks(two_task_model, str(tmp_path), max_trials_global=8,
+                            num_trials_per_iter=2, min_task_share=0.2)
     light = next(r for r in reports if r.weight == 1)
-    assert light.status == "too cheap" and light.trials == 0 and light.baseline_secs
+    heavy = next(r for r in reports if r.weight == 4)
+    assert light.status == "too cheap" and light.trials == 2 and light.baseline_secs
+    assert heavy.trials == 6
 
 
 def test_progress_bar_table_and_log_file(two_task_model, tmp_path, capsys):

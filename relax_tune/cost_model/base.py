@@ -91,10 +91,10 @@ def cost_model_names() -> list[str]:
 
 
 def cost_model_dir(work_dir: str) -> str:
-    """Where a work_dir keeps its saved cost model."""
-    import os
+    """Where a work_dir keeps its saved cost model (``relax_tune.work_dir``)."""
+    from ..work_dir import cost_model_dir as in_work_dir
 
-    return os.path.join(work_dir, "cost_model")
+    return in_work_dir(work_dir)
 
 
 def make_cost_model(name: "str | CostModel | None", work_dir: str | None = None

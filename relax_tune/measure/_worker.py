@@ -20,10 +20,20 @@ from typing import Any
 import numpy as np
 import tvm
 
+from ..space.gpu.compile import ensure_cuda_compiler
 from ..space.layout_rewrite import measurable_module
-from ..utils import schedule_from_json
+from ..utils import ensure_tvm_threads, schedule_from_json
 from . import prepack
 from .base import short_error
+
+
+def init_worker() -> None:
+    """The pool initializer of the build and run workers: kernels are built and timed on
+    every usable core (TVM_NUM_THREADS), and CUDA sources compile with nvcc when NVRTC is
+    missing. Runs in the worker processes only; the user's own process is left alone."""
+    ensure_tvm_threads()
+    ensure_cuda_compiler()
+
 
 _MAX_WORKLOADS = 32
 _CLEARLY_SLOW = 3.0  # a warm-up over this many times max_secs is not called again

@@ -159,6 +159,10 @@ class Builder:
         caller may work meanwhile. By default the builds run here, before returning."""
         return BuildsDone(self.build(workload, target, traces))
 
+    def discard(self, artifacts: list[str | None]) -> None:
+        """Delete built artifacts nobody needs any more (tuning calls it after each batch);
+        by default artifacts are kept until ``shutdown``."""
+
     def shutdown(self) -> None:
         """Release the builder's workers and temporary files; idempotent."""
 
@@ -193,6 +197,11 @@ class Runner:
         """Time each artifact's ``main`` (``None`` gives a failed result); one result per
         artifact, in order; never raises for a failing candidate."""
         raise NotImplementedError
+
+    def check_target(self, target: Any) -> None:
+        """Raise RelaxTuneError when this runner has no device that can run ``target``
+        (called once per session, before any work). Remote runners cannot know before
+        they connect and accept every target."""
 
     def shutdown(self) -> None:
         """Release the runner's workers; idempotent."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
 import itertools
 import json
 import os
@@ -96,8 +95,7 @@ class LocalBuilder(Builder):
             if self._pool is None:
                 self._pool = PopenPoolExecutor(
                     max_workers=self.max_workers, timeout=self.timeout_sec,
-                    initializer=importlib.import_module,
-                    initargs=(_worker.__name__,),
+                    initializer=_worker.init_worker,
                     stdout=worker_output(), stderr=worker_output())
             return self._pool
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import threading
@@ -15,7 +14,7 @@ import numpy as np
 import tvm
 from tvm.support.popen_pool import PopenPoolExecutor
 
-from ..utils import RelaxTuneError, ensure_tvm_threads, parse_target
+from ..utils import RelaxTuneError, parse_target
 from . import _worker
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, MeasureError, Runner, RunResult, logger,
                    short_error, worker_import_error, worker_output)
@@ -110,12 +109,27 @@ class LocalRunner(Runner):
             if self._closed:
                 raise RuntimeError("this LocalRunner has been shut down")
             if self._pool is None:
-                ensure_tvm_threads()  # the worker inherits it: time kernels on every core
                 self._pool = PopenPoolExecutor(
-                    max_workers=1, timeout=self.timeout_sec, initializer=importlib.import_module,
-                    initargs=(_worker.__name__,),
+                    max_workers=1, timeout=self.timeout_sec, initializer=_worker.init_worker,
                     stdout=worker_output(), stderr=worker_output())
             return self._pool
+
+    def check_target(self, target: Any) -> None:
+        """RelaxTuneError when this machine has no device of ``target``'s kind (e.g. a cuda
+        target without a GPU): every candidate would fail; measure remotely instead."""
+        target = parse_target(target)
+        kind = target.kind.name
+        if kind == "llvm":
+            return
+        try:
+            present = bool(tvm.device(kind, 0).exist)
+        except Exception:
+            present = False
+        if not present:
+            raise RelaxTuneError(
+                f"no {kind} device on this machine can run candidates for target {target}: "
+                f"measure on a machine that has one through TVM's RPC tracker (relax-tune tune "
+                f"--rpc TRACKER_HOST:PORT:KEY, or runner=relax_tune.measure.RPCRunner(...))")
 
     def start(self) -> None:
         """Start the worker process now, without waiting (it imports TVM, about a second),

@@ -86,9 +86,7 @@ class CorrectnessChecker:
             except MeasureError as err:
                 logger.warning("%s: the untuned function does not run (%s); its candidates "
                                "are not checked", key, err)
-            discard = getattr(self.builder, "discard", None)
-            if discard is not None:
-                discard([build.artifact_path])
+            self.builder.discard([build.artifact_path])
         self._reference[key] = ref
         return ref
 

@@ -19,12 +19,6 @@ SearchFactory = Callable[..., SearchStrategy]
 _SEARCHES: dict[str, SearchFactory] = {"replay": ReplaySearch, "evolutionary": EvolutionarySearch}
 
 
-def register_search(name: str, factory: SearchFactory) -> None:
-    """Make ``make_search(name, mod, target, seed, context)`` call
-    ``factory(mod, target, seed=seed, context=context)``."""
-    _SEARCHES[name] = factory
-
-
 def search_names() -> list[str]:
     """The registered search strategy names."""
     return sorted(_SEARCHES)
@@ -42,4 +36,4 @@ def make_search(name: str, mod: tvm.IRModule, target: tvm.target.Target,
 
 
 __all__ = ["Candidate", "EvolutionarySearch", "ReplaySearch", "SearchContext", "SearchStrategy", "candidate_key", "make_search",
-           "register_search", "search_names"]
+           "search_names"]

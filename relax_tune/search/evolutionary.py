@@ -96,7 +96,9 @@ class EvolutionarySearch(SearchStrategy):
         self.target = target
         self.context = context or SearchContext()
         self.model = self.context.cost_model
-        self.task = self.context.task_name or str(structural_hash(mod))
+        # The cost model's data is keyed by the workload, not the task name: names such as
+        # "main" or "matmul1" collide between models that share a work_dir.
+        self.task = str(structural_hash(mod))
         self.space = space_for_target(target)
         if sketches is None:
             sketches = self.space.generate_design_space(mod)

@@ -55,16 +55,10 @@ def check_schedule(sch: Schedule, target: tvm.target.Target) -> str | None:
     return _check_schedule(sch, target)
 
 
-def apply_postprocs(sch: Schedule, target: tvm.target.Target) -> str | None:
-    """Complete a replayed sketch with the target's postprocessors, in place; None on
-    success, else why the candidate must be dropped."""
-    return space_for_target(target).apply_postprocs(sch)
-
-
 __all__ = [
     "AutoInline", "LimitRegisterTile", "MultiLevelTiling", "ParallelVectorizeUnroll", "Postproc", "Replayed",
     "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "ScheduleRule",
-    "SpaceGenerator", "TargetParams", "analysis", "apply_postprocs", "check_decision",
+    "SpaceGenerator", "TargetParams", "analysis", "check_decision",
     "check_schedule", "cpu", "gpu", "empty_trace", "generate_design_space", "register_space",
     "sampling_instructions", "sketch_part", "space_for_target", "target_params",
     "validate_decisions", "without_decisions",

@@ -23,4 +23,3 @@ __all__ = [
     "gpu_postprocs", "gpu_rules", "lower_for_verification",
 ]
 
-ensure_cuda_compiler()

@@ -1,0 +1,172 @@
+"""One tuning session's configuration: every option a user can pass, validated once.
+
+Every entry point (``TuneIRMod``, ``TuneTIR``, the "relax_tune" pipeline, ``tune_tir``,
+``tune_relax``, ``tune_tasks``, the command line) builds a :class:`TuneConfig` from the
+options it is given, before any work starts. An unknown option (a misspelling) or a value
+of the wrong type or range raises ``RelaxTuneError`` naming it and what is valid, so a
+user's mistake never turns into a silently untuned model.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from .utils import RelaxTuneError
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """What one tuning session does (budgets, search, measurement, presentation).
+
+    Attributes
+    ----------
+    max_trials_global: trials shared by all tasks (>= 0).
+    max_trials_per_task: cap per task (None: the global budget).
+    num_trials_per_iter: candidates per batch (>= 1).
+    max_time: wall-clock limit in seconds (None: none); the batch in flight finishes.
+    op_names: keep only the tasks whose name contains one of these strings (None: all).
+    strategy: search strategy name (``relax_tune.search.search_names()``).
+    cost_model: "xgb", "random", "none", or a ``CostModel``.
+    task_scheduler: "gradient", "round-robin", or a ``TaskScheduler``.
+    convergence_window: a task stops when its best did not improve by 1% over this many
+        trials (0: never).
+    min_task_share: tasks estimated to cost less than this share of the tuned model are
+        left at their baseline (see ``tune.tune_tasks``).
+    seed: seed of every random choice of the session.
+    measure_baseline: time each task's untuned function once (its baseline record).
+    check_correctness: compare a would-be best with the untuned function before it counts.
+    head_to_head_rounds: rounds of alternating re-timing for close would-be bests (0: off).
+    progress_bar: force the bar on a terminal on (True) or off (False); None: automatic.
+    builder: a ``relax_tune.measure`` builder (None: a ``LocalBuilder`` per session).
+    runner: a ``relax_tune.measure`` runner (None: a ``LocalRunner`` per session).
+    """
+
+    max_trials_global: int = 64
+    max_trials_per_task: int | None = None
+    num_trials_per_iter: int = 16
+    max_time: float | None = None
+    op_names: tuple[str, ...] | None = None
+    strategy: str = "evolutionary"
+    cost_model: Any = "xgb"
+    task_scheduler: Any = "gradient"
+    convergence_window: int = 64
+    min_task_share: float = 0.005
+    seed: int = 1
+    measure_baseline: bool = True
+    check_correctness: bool = True
+    head_to_head_rounds: int = 3
+    progress_bar: bool | None = None
+    builder: Any = None
+    runner: Any = None
+
+    def __post_init__(self) -> None:
+        _check_int("max_trials_global", self.max_trials_global, minimum=0)
+        if self.max_trials_per_task is not None:
+            _check_int("max_trials_per_task", self.max_trials_per_task, minimum=0)
+        _check_int("num_trials_per_iter", self.num_trials_per_iter, minimum=1)
+        if self.max_time is not None:
+            _check_number("max_time", self.max_time, minimum=0)
+        if self.op_names is not None:
+            if isinstance(self.op_names, str) or not all(
+                    isinstance(n, str) for n in self.op_names):
+                raise RelaxTuneError(f"op_names must be a list of strings, not "
+                                     f"{self.op_names!r}; e.g. op_names=['matmul', 'conv2d']")
+            object.__setattr__(self, "op_names", tuple(self.op_names))
+        _check_name("strategy", self.strategy, _search_names)
+        if self.cost_model is not None and isinstance(self.cost_model, str):
+            _check_name("cost_model", self.cost_model, _cost_model_names)
+        if isinstance(self.task_scheduler, str):
+            _check_name("task_scheduler", self.task_scheduler, _scheduler_names)
+        _check_int("convergence_window", self.convergence_window, minimum=0)
+        _check_number("min_task_share", self.min_task_share, minimum=0, maximum=1)
+        _check_int("seed", self.seed, minimum=0)
+        for name in ("measure_baseline", "check_correctness"):
+            if not isinstance(getattr(self, name), bool):
+                raise RelaxTuneError(f"{name} must be True or False, not "
+                                     f"{getattr(self, name)!r}")
+        if self.progress_bar is not None and not isinstance(self.progress_bar, bool):
+            raise RelaxTuneError(f"progress_bar must be True, False or None, not "
+                                 f"{self.progress_bar!r}")
+        _check_int("head_to_head_rounds", self.head_to_head_rounds, minimum=0)
+        _check_part("builder", self.builder, "Builder")
+        _check_part("runner", self.runner, "Runner")
+
+    @property
+    def per_task_budget(self) -> int:
+        """Trials one task may get: ``max_trials_per_task``, or the global budget."""
+        return self.max_trials_global if self.max_trials_per_task is None \
+            else self.max_trials_per_task
+
+    def with_options(self, **options: Any) -> TuneConfig:
+        """A copy with ``options`` replaced (validated like the constructor's)."""
+        return make_config(self, **options)
+
+
+OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(TuneConfig))
+"""Every option a tuning entry point accepts."""
+
+
+def make_config(config: TuneConfig | None = None, **options: Any) -> TuneConfig:
+    """``config`` (default: the defaults) with ``options`` replaced; an unknown option name
+    raises RelaxTuneError naming it, the closest valid name and all valid names."""
+    if config is not None and not isinstance(config, TuneConfig):
+        raise RelaxTuneError(f"config must be a relax_tune.TuneConfig, not "
+                             f"{type(config).__name__}")
+    unknown = [name for name in options if name not in OPTION_NAMES]
+    if unknown:
+        name = unknown[0]
+        close = difflib.get_close_matches(name, OPTION_NAMES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise RelaxTuneError(f"unknown tuning option {name!r}{hint}; valid options: "
+                             f"{', '.join(OPTION_NAMES)}")
+    return replace(config or TuneConfig(), **options) if options else (config or TuneConfig())
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise RelaxTuneError(f"{name} must be an integer, not {value!r}")
+    if value < minimum:
+        raise RelaxTuneError(f"{name} must be >= {minimum}, not {value}")
+
+
+def _check_number(name: str, value: Any, minimum: float, maximum: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RelaxTuneError(f"{name} must be a number, not {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise RelaxTuneError(f"{name} must be {bound}, not {value}")
+
+
+def _check_name(name: str, value: Any, known) -> None:
+    names = known()
+    if not isinstance(value, str) or value not in names:
+        raise RelaxTuneError(f"{name}={value!r} is not one of {', '.join(sorted(names))}")
+
+
+def _check_part(name: str, value: Any, base: str) -> None:
+    from . import measure
+
+    if value is not None and not isinstance(value, getattr(measure, base)):
+        raise RelaxTuneError(f"{name}={value!r} is not a relax_tune.measure.{base} (e.g. "
+                             f"Local{base}(), or a subclass of {base})")
+
+
+def _search_names() -> list[str]:
+    from .search import search_names
+
+    return list(search_names())
+
+
+def _cost_model_names() -> list[str]:
+    from .cost_model import cost_model_names
+
+    return list(cost_model_names())
+
+
+def _scheduler_names() -> list[str]:
+    from .scheduler import scheduler_names
+
+    return list(scheduler_names())
