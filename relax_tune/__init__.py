@@ -24,6 +24,7 @@ from .database import (
     Workload,
 )
 from .extract import ExtractedTask, extract_tasks
+from .model_loader import LoadedModel, load_model
 from .transform import ApplyDatabase, ExtractTasks, TuneIRMod, TuneTIR, relax_tune_pipeline
 from .tune import TaskReport, tune_relax, tune_tasks, tune_tir
 from .config import TuneConfig
@@ -33,8 +34,8 @@ transform.register_pipeline()
 
 __all__ = [
     "ApplyDatabase", "Database", "ExtractTasks", "ExtractedTask", "JSONDatabase",
-    "MemoryDatabase", "OrderedUnionDatabase", "RelaxTuneError", "ScheduleFnDatabase",
+    "LoadedModel", "MemoryDatabase", "OrderedUnionDatabase", "RelaxTuneError", "ScheduleFnDatabase",
     "TaskReport", "TuneConfig", "TuneIRMod", "TuneTIR", "TuningRecord", "UnionDatabase", "Workload",
-    "database", "extract_tasks", "host_target", "relax_tune_pipeline", "transform",
+    "database", "extract_tasks", "host_target", "load_model", "relax_tune_pipeline", "transform",
     "tune_relax", "tune_tasks", "tune_tir",
 ]

@@ -14,8 +14,10 @@ from .utils import RelaxTuneError, host_target, parse_target
 
 logger = logging.getLogger("relax_tune.cli")
 
-_MODEL_HELP = ("an ONNX file (model.onnx; needs the onnx extra) or file.py:function / "
-               "package.module:function returning a Relax IRModule or (IRModule, params)")
+_MODEL_HELP = ("an ONNX file (model.onnx; needs the onnx extra), a torch.export archive "
+               "(model.pt2; needs the torch extra) or file.py:function / "
+               "package.module:function returning a Relax IRModule, (IRModule, params), "
+               "a torch.export.ExportedProgram or (torch.nn.Module, example_inputs)")
 _TARGET_HELP = ("TVM target as a string or JSON dict, e.g. "
                 "'{\"kind\": \"llvm\", \"mcpu\": \"znver3\", \"num-cores\": 2}' "
                 "(default: this machine's CPU)")

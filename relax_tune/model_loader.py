@@ -1,12 +1,20 @@
-"""Models for the command line: an ONNX file, or a Python function returning a Relax IRModule.
+"""Models for the command line: an ONNX file, a ``torch.export`` archive, or a Python function
+returning a Relax IRModule or a PyTorch model.
 
 ``load_model(spec)`` understands
 
 - ``path/to/model.onnx``: imported with ``tvm.relax.frontend.onnx.from_onnx`` (the ``onnx``
   extra); the weights become constants of the module;
+- ``path/to/model.pt2``: a ``torch.export.save`` archive, imported with
+  ``tvm.relax.frontend.torch.from_exported_program`` (the ``torch`` extra); the weights
+  become ``params`` and the function is ``main``;
 - ``path/to/file.py:function`` or ``package.module:function``: ``function()`` returns an
   IRModule, or ``(IRModule, params)`` where params is ``{name: array}`` or a list of
-  ``(name, parameter)`` pairs as ``nn.Module.export_tvm`` returns them.
+  ``(name, parameter)`` pairs as ``nn.Module.export_tvm`` returns them; or a PyTorch model:
+  a ``torch.export.ExportedProgram``, or ``(torch.nn.Module, example_inputs)``, exported with
+  ``torch.export.export`` in eval mode and imported as a ``.pt2`` is.
+
+PyTorch is imported only when a PyTorch model is loaded.
 
 ``LoadedModel.lowered(target)`` binds the params and runs the "relax_tune" pipeline's
 pre-tuning passes (``lower_for_tuning``), so the tasks tuned from it are exactly the ones ``relax-tune compile``
@@ -15,12 +23,14 @@ pre-tuning passes (``lower_for_tuning``), so the tasks tuned from it are exactly
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +39,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .utils import RelaxTuneError, parse_target
+from .utils import RelaxTuneError
 
 logger = logging.getLogger("relax_tune.model_loader")
 
@@ -50,14 +60,12 @@ class LoadedModel:
     params: dict[str, np.ndarray] = field(default_factory=dict)
     source: str = ""
 
-    def bound(self) -> tvm.IRModule:
-        """The module with ``params`` bound as constants (what is tuned and compiled)."""
-        return bind_params(self.mod, self.params)
-
     def lowered(self, target: Any = None) -> tvm.IRModule:
-        """The bound module after the "relax_tune" pipeline's pre-tuning passes (legalized,
-        fused, FuseTIR): the module tasks are extracted from."""
-        return lower_for_tuning(self.bound(), target, weights_bound=bool(self.params))
+        """The module with ``params`` bound, after the "relax_tune" pipeline's pre-tuning
+        passes (``prepare.lower_for_tuning``): the module tasks are extracted from."""
+        from .prepare import lower_for_tuning
+
+        return lower_for_tuning(self.mod, target, dict(self.params) or None)
 
     def compile_pipeline(self, target: Any, work_dir: str, **kwargs: Any) -> Any:
         """The "relax_tune" pipeline for this model with its ``params`` (so weights are
@@ -67,36 +75,25 @@ class LoadedModel:
                                   params=self.params or None, **kwargs)
 
 
-def lower_for_tuning(mod: tvm.IRModule, target: Any = None,
-                     weights_bound: bool = False) -> tvm.IRModule:
-    """``mod`` through the passes the "relax_tune" pipeline runs before it tunes
-    (``transform.lowering_passes``), so the tasks extracted from the result are the
-    functions the pipeline later looks up in the database. ``weights_bound``: ``mod`` has
-    the model's params bound, as the pipeline's ``params`` does, so on CPU the weights are
-    marked layout-free (the pipeline's default ``cpu_weight_prepack``)."""
-    from .transform import lowering_passes
-
-    target = parse_target(target)
-    prepack = weights_bound and target.kind.name == "llvm"
-    with target:
-        return tvm.transform.Sequential(lowering_passes(target, cpu_weight_prepack=prepack))(mod)
-
-
 def load_model(spec: str, shape_dict: Mapping[str, list[int]] | None = None) -> LoadedModel:
     """Load the model named by ``spec`` (see the module docstring); ``shape_dict`` fixes the
     input shapes of an ONNX model with symbolic dimensions. Raise RelaxTuneError naming the spec
     and what to do when it cannot be loaded."""
     if not isinstance(spec, str) or not spec.strip():
-        raise RelaxTuneError("no model given: pass an ONNX file (model.onnx) or "
-                             "file.py:function returning a Relax IRModule")
+        raise RelaxTuneError("no model given: pass an ONNX file (model.onnx), a torch.export "
+                             "archive (model.pt2) or file.py:function returning a Relax "
+                             "IRModule")
     spec = spec.strip()
     if spec.lower().endswith(".onnx"):
         return load_onnx(spec, shape_dict)
+    if spec.lower().endswith(".pt2"):
+        return load_torch_export(spec)
     path, sep, func_name = spec.rpartition(":")
     if not sep or not path or not func_name:
         raise RelaxTuneError(
-            f"model {spec!r} is neither an ONNX file (*.onnx) nor file.py:function / "
-            "module:function naming a function that returns a Relax IRModule")
+            f"model {spec!r} is neither an ONNX file (*.onnx), a torch.export archive (*.pt2) "
+            "nor file.py:function / module:function naming a function that returns a Relax "
+            "IRModule")
     return load_python(path, func_name, spec)
 
 
@@ -125,9 +122,72 @@ def load_onnx(path: str, shape_dict: Mapping[str, list[int]] | None = None) -> L
     return LoadedModel(_check_module(mod, path), {}, path)
 
 
+def load_torch_export(path: str) -> LoadedModel:
+    """Load a ``torch.export.save`` archive (``model.pt2``) and import it with
+    ``from_torch``."""
+    if not os.path.isfile(path):
+        raise RelaxTuneError(f"PyTorch model {path!r} does not exist: check the path")
+    torch = _import_torch(path)
+    # torch logs the real error with a traceback, then raises a vaguer one: keep the former
+    with _log_errors_caught("torch.export") as logged:
+        try:
+            program = torch.export.load(path)
+        except Exception as err:  # not a zip, no exported program inside, version mismatch
+            cause = _first_line(logged[0] if logged else err)
+            raise RelaxTuneError(f"{path!r} is not a torch.export archive: save one with "
+                                 "torch.export.save(torch.export.export(model, inputs), "
+                                 f"'model.pt2') ({cause})") from None
+    return from_torch(program, path)
+
+
+def from_torch(model: Any, source: str = "", example_inputs: Any = None) -> LoadedModel:
+    """Import a PyTorch model into Relax: a ``torch.export.ExportedProgram``, or a
+    ``torch.nn.Module`` with ``example_inputs`` (a tensor or a tuple of them), which is put
+    in eval mode and exported with ``torch.export.export``. The weights become ``params``
+    (``{name: numpy array}``) of the Relax function ``main``, whose first parameters are the
+    model's inputs; a single output is returned as a tensor, not a 1-tuple."""
+    source = source or type(model).__name__
+    torch = _import_torch(source)
+    if isinstance(model, torch.nn.Module):
+        if isinstance(example_inputs, torch.Tensor):
+            example_inputs = (example_inputs,)
+        if not isinstance(example_inputs, (tuple, list)):
+            raise RelaxTuneError(f"{source}: a torch.nn.Module needs example inputs to export "
+                                 "it: return (module, (tensor, ...)), not (module, "
+                                 f"{type(example_inputs).__name__})")
+        try:
+            model = torch.export.export(model.eval(), tuple(example_inputs))
+        except Exception as err:
+            raise RelaxTuneError(f"{source}: torch.export.export failed on the module: "
+                                 f"{_first_line(err)}") from None
+    if not isinstance(model, torch.export.ExportedProgram):
+        raise RelaxTuneError(f"{source}: expected a torch.export.ExportedProgram or a "
+                             f"torch.nn.Module, not {type(model).__name__}")
+    from tvm.relax.frontend import detach_params
+    from tvm.relax.frontend.torch import from_exported_program
+
+    try:
+        with warnings.catch_warnings():  # TVM's importer on torch 2.13: not the user's concern
+            warnings.filterwarnings("ignore", ".*LeafSpec.* is deprecated", FutureWarning)
+            mod = from_exported_program(model, keep_params_as_input=True,
+                                        unwrap_unit_return_tuple=True)
+    except Exception as err:  # an operator the importer does not know, ...
+        raise RelaxTuneError(f"TVM's PyTorch importer rejected {source!r}: "
+                             f"{_first_line(err)}") from None
+    mod, weights = detach_params(mod)
+    params: dict[str, np.ndarray] = {}
+    for name, arrays in weights.items():
+        func = mod[name]
+        num_input = int(func.attrs["num_input"])
+        for var, array in zip(func.params[num_input:], arrays, strict=True):
+            params[var.name] = array.numpy()
+    return LoadedModel(_check_module(mod, source), params, source)
+
+
 def load_python(path: str, func_name: str, spec: str | None = None) -> LoadedModel:
     """Call ``func_name`` from the Python file ``path`` (or importable module ``path``) and
-    wrap what it returns: an IRModule, or ``(IRModule, params)``."""
+    wrap what it returns: an IRModule, ``(IRModule, params)``, a
+    ``torch.export.ExportedProgram`` or ``(torch.nn.Module, example_inputs)``."""
     spec = spec or f"{path}:{func_name}"
     module = _import(path, spec)
     func = getattr(module, func_name, None)
@@ -144,20 +204,12 @@ def load_python(path: str, func_name: str, spec: str | None = None) -> LoadedMod
     params: Any = None
     if isinstance(result, tuple):
         if len(result) != 2:
-            raise RelaxTuneError(f"{spec} returned a tuple of {len(result)} values; return an "
-                                 "IRModule or (IRModule, params)")
+            raise RelaxTuneError(f"{spec} returned a tuple of {len(result)} values; "
+                                 f"{_EXPECTED}")
         result, params = result
+    if _is_torch_model(result):
+        return from_torch(result, spec, example_inputs=params)
     return LoadedModel(_check_module(result, spec), _params_dict(params, spec), spec)
-
-
-def bind_params(mod: tvm.IRModule, params: Mapping[str, Any]) -> tvm.IRModule:
-    """Bind ``params`` as constants the way the "relax_tune" pipeline does
-    (``transform.bind_params``); nothing to do for an empty dict."""
-    if not params:
-        return mod
-    from .transform import bind_params as pipeline_bind
-
-    return pipeline_bind(mod, dict(params))
 
 
 def parse_shape_dict(items: list[str] | None) -> dict[str, list[int]]:
@@ -188,6 +240,11 @@ def _import(path: str, spec: str):
         sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
         try:
             module_spec.loader.exec_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != "torch":
+                raise
+            raise RelaxTuneError(f"{path!r} imports torch, which is not installed: "
+                                 "pip install 'relax_tune[torch]'") from None
         finally:
             sys.path.pop(0)
         return module
@@ -198,9 +255,55 @@ def _import(path: str, spec: str):
                              "a file.py:function path or an importable module") from None
 
 
+_EXPECTED = ("return a tvm.IRModule, (IRModule, params), a torch.export.ExportedProgram or "
+             "(torch.nn.Module, example_inputs)")
+
+
+class _CaughtErrors(logging.Handler):
+    """Collects the exceptions of the log records it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[BaseException] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.errors.append(record.exc_info[1])
+
+
+@contextlib.contextmanager
+def _log_errors_caught(name: str):
+    """Logger ``name`` prints nothing inside; yields the exceptions its records carried."""
+    log = logging.getLogger(name)
+    caught = _CaughtErrors()
+    saved = log.handlers, log.propagate
+    log.handlers, log.propagate = [caught], False
+    try:
+        yield caught.errors
+    finally:
+        log.handlers, log.propagate = saved
+
+
+def _import_torch(source: str):
+    try:
+        import torch
+    except ImportError:
+        raise RelaxTuneError(f"loading {source!r} needs PyTorch: "
+                             "pip install 'relax_tune[torch]'") from None
+    return torch
+
+
+def _is_torch_model(obj: Any) -> bool:
+    """Whether ``obj`` is a ``torch.nn.Module`` or ``torch.export.ExportedProgram``, without
+    importing torch (a function returned one, so torch is imported already if it is)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, (torch.nn.Module,
+                                                  torch.export.ExportedProgram))
+
+
 def _check_module(mod: Any, spec: str) -> tvm.IRModule:
     if not isinstance(mod, tvm.IRModule):
-        raise RelaxTuneError(f"{spec} gave a {type(mod).__name__}, not a tvm.IRModule")
+        raise RelaxTuneError(f"{spec} gave a {type(mod).__name__}; {_EXPECTED}")
     if not any(isinstance(f, relax.Function) for _, f in mod.functions.items()):
         raise RelaxTuneError(f"{spec} gave an IRModule without Relax functions; tune TIR-only "
                              "modules with relax_tune.tune_tir")

@@ -18,6 +18,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from .graph import FoldBatchNormIntoConv
 from .utils import RelaxTuneError, parse_target
 
 
@@ -72,7 +73,8 @@ def graph_passes() -> list[tvm.transform.Pass]:
     the remaining batch norms and layer norms are decomposed into arithmetic that fuses into
     neighbouring kernels, and constants are folded."""
     return [
-        relax.transform.FoldBatchnormToConv2D(),
+        relax.transform.FoldConstant(),  # bias reshapes of bound weights become constants
+        FoldBatchNormIntoConv(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
         relax.transform.FoldConstant(),

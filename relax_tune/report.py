@@ -9,7 +9,7 @@ derived from the workload's blocks and weights are unknown (counted as 1).
     summaries = summarize(JSONDatabase(work_dir=wd), read_task_meta(wd))
     paths = write_report(wd)          # curves.png, one curve_*.png per task, summary.md
 
-Plots need matplotlib (``pip install 'relax_tune[plot]'``); without it the summary is written
+Plots use matplotlib (a dependency); should it fail to import, the summary is still written
 and the plots are skipped with a warning.
 """
 

@@ -1,0 +1,86 @@
+"""Graph-level rewrites before any kernel exists (what ONNX Runtime does before its kernels
+run), so tuning trials go to the kernels that remain.
+
+``FoldBatchNormIntoConv``: an inference batch norm after a 2-D convolution (with or without
+a bias add in between, as PyTorch exports it) becomes a scaled weight and one bias add:
+
+    batch_norm(conv2d(x, W) [+ b], gamma, beta, mean, var)[0]
+      -> conv2d(x, W * s[:, None, None, None]) + ((b - mean) * s + beta)[None, :, None, None]
+    with s = gamma / sqrt(var + eps)
+
+It acts when the weights are bound (``params``): the new weight and bias are computed here,
+once, and the kernel is a convolution with a bias epilogue instead of four extra
+elementwise operations on every output. Unbound batch norms are left to
+``DecomposeOpsForInference``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import GenericConst
+from tvm.relax.dpl import is_op, is_tuple_get_item, rewrite_call, wildcard
+
+
+def _constant(expr: relax.Expr) -> np.ndarray | None:
+    """The value of a bound constant (None for anything computed at run time)."""
+    if isinstance(expr, GenericConst):
+        return expr.value.numpy()
+    return None
+
+
+def _fold_pattern():
+    x, w, b = wildcard(), wildcard(), wildcard()
+    gamma, beta, mean, var = wildcard(), wildcard(), wildcard(), wildcard()
+    conv = is_op("relax.nn.conv2d")(x, w)
+    biased = is_op("relax.add")(conv, b)
+    bn = is_op("relax.nn.batch_norm")(biased | conv, gamma, beta, mean, var)
+    return is_tuple_get_item(bn, 0), dict(x=x, w=w, b=b, conv=conv, bn=bn, gamma=gamma,
+                                          beta=beta, mean=mean, var=var)
+
+
+def _rewrite(matched: relax.Expr, matches: dict, parts: dict) -> relax.Expr:
+    conv_call, bn_call = matches[parts["conv"]], matches[parts["bn"]]
+    attrs, bn_attrs = conv_call.attrs, bn_call.attrs
+    if (str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW"
+            or int(bn_attrs.axis) != 1 or not bool(bn_attrs.scale) or not bool(bn_attrs.center)):
+        return matched
+    names = ["w", "gamma", "beta", "mean", "var"] + (["b"] if parts["b"] in matches else [])
+    values = {name: _constant(matches[parts[name]]) for name in names}
+    if any(v is None for v in values.values()):
+        return matched  # weights not bound: nothing to fold at compile time
+    w = values["w"]
+    scale = values["gamma"] / np.sqrt(values["var"] + np.float32(bn_attrs.epsilon))
+    shift = values["beta"] - values["mean"] * scale
+    channels = w.shape[0]
+    if "b" in values:  # (conv + b - mean) * s + beta
+        shift = values["b"].reshape(-1) * scale + shift
+    if scale.shape != (channels,) or shift.shape != (channels,):
+        return matched
+    new_w = relax.const((w * scale.reshape(-1, 1, 1, 1)).astype(w.dtype))
+    bias = relax.const(shift.reshape(1, -1, 1, 1).astype(w.dtype))
+    conv = relax.op.nn.conv2d(matches[parts["x"]], new_w, strides=attrs.strides,
+                              padding=attrs.padding, dilation=attrs.dilation,
+                              groups=attrs.groups, data_layout=attrs.data_layout,
+                              kernel_layout=attrs.kernel_layout, out_layout=attrs.out_layout,
+                              out_dtype=attrs.out_dtype)
+    return relax.op.add(conv, bias)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_tune.FoldBatchNormIntoConv")
+class FoldBatchNormIntoConv:
+    """Fold every inference batch norm that follows a conv2d (NCHW/OIHW, optional bias add)
+    into the convolution's weight and a bias add (see the module docstring)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """``mod`` with the batch norms after convolutions folded."""
+        pattern, parts = _fold_pattern()
+        out = mod
+        for gv, func in mod.functions.items():
+            if isinstance(func, relax.Function):
+                new = rewrite_call(pattern, lambda e, m: _rewrite(e, m, parts), func)
+                if not new.same_as(func):
+                    out = out.clone() if out is mod else out
+                    out.update_func(gv, new)
+        return out

@@ -1,0 +1,166 @@
+"""PyTorch models through ``load_model``: a ``(torch.nn.Module, example_inputs)`` function, a
+function returning a ``torch.export.ExportedProgram``, and a ``.pt2`` archive, each tuned by
+the "relax_tune" pipeline (and the command line) and checked against PyTorch's own output.
+The models are small ones built here: no downloads, no torchvision."""
+
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+torch = pytest.importorskip("torch")
+
+import relax_tune as rt  # noqa: E402
+from relax_tune import cli  # noqa: E402
+from relax_tune.model_loader import load_model  # noqa: E402
+from relax_tune.utils import RelaxTuneError  # noqa: E402
+
+TRIALS = 4
+SMALL = {"num_trials_per_iter": 2}
+
+
+class SmallCNN(torch.nn.Module):
+    """torchvision-style: conv+BN+ReLU stem, depthwise and grouped convs, a residual add,
+    adaptive average pooling, a linear classifier."""
+
+    def __init__(self, channels: int = 8, classes: int = 10):
+        super().__init__()
+        self.stem = torch.nn.Sequential(
+            torch.nn.Conv2d(3, channels, 3, stride=2, padding=1, bias=False),
+            torch.nn.BatchNorm2d(channels), torch.nn.ReLU())
+        self.depthwise = torch.nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
+        self.grouped = torch.nn.Conv2d(channels, channels, 1, groups=2)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc = torch.nn.Linear(channels, classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = torch.relu(x + self.grouped(torch.relu(self.depthwise(x))))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def small_cnn():
+    """``(module, example_inputs)``, as a user's ``file.py:function`` returns them."""
+    torch.manual_seed(0)
+    model = SmallCNN()
+    with torch.no_grad():  # non-trivial batch-norm statistics
+        model.stem[1].running_mean.uniform_(-0.5, 0.5)
+        model.stem[1].running_var.uniform_(0.5, 2.0)
+    return model, (torch.randn(1, 3, 32, 32),)
+
+
+def transformer():
+    """A tiny encoder layer and its input."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=2, dim_feedforward=64,
+                                             batch_first=True)
+    return layer.eval(), (torch.randn(1, 8, 32),)
+
+
+def transformer_program():
+    """A ``torch.export.ExportedProgram``, the other thing a function may return."""
+    layer, inputs = transformer()
+    return torch.export.export(layer, inputs)
+
+
+def not_a_model():
+    return {"weights": 1}
+
+
+def module_without_inputs():
+    return torch.nn.Linear(2, 2), None
+
+
+def _reference(make) -> tuple[np.ndarray, np.ndarray]:
+    model, inputs = make()
+    with torch.no_grad():
+        return inputs[0].numpy(), model.eval()(*inputs).numpy()
+
+
+def _pipeline(model, target, work_dir, op_names=None):
+    return relax.get_pipeline("relax_tune", target=target, work_dir=work_dir,
+                              max_trials_global=TRIALS, params=model.params,
+                              op_names=op_names, **SMALL)
+
+
+def _run(lib, x: np.ndarray) -> np.ndarray:
+    return relax.VirtualMachine(lib, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def _measured(work_dir: str) -> int:
+    """How many records of ``work_dir`` ran (failed candidates are timed at 1e10 s)."""
+    return sum(1 for r in rt.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
+               if r.run_secs and min(r.run_secs) < 1e9)
+
+
+@pytest.mark.parametrize("func, op_names", [
+    ("small_cnn", ["conv2d"]),  # (nn.Module, example inputs); depthwise and grouped convs
+    ("transformer_program", ["matmul"]),  # an ExportedProgram
+])
+def test_python_function_torch_model_tuned_matches_pytorch(func, op_names, target, tmp_path):
+    model = load_model(f"{__file__}:{func}")
+    assert [gv.name_hint for gv in model.mod.functions] == ["main"]
+    assert model.params and all(isinstance(a, np.ndarray) for a in model.params.values())
+    x, expected = _reference(small_cnn if func == "small_cnn" else transformer)
+    wd = str(tmp_path / "w")
+    got = _run(tvm.compile(model.mod, target,
+                           relax_pipeline=_pipeline(model, target, wd, op_names)), x)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    assert _measured(wd) > 0  # it did tune
+
+
+def test_batch_norm_folds_into_the_convolution(target):
+    """With the weights bound, the stem's batch norm becomes the convolution's weight and a
+    bias add: its kernel does no batch-norm arithmetic per output (graph.FoldBatchNormIntoConv)."""
+    names = [t.task_name for t in rt.extract_tasks(load_model(f"{__file__}:small_cnn")
+                                                   .lowered(target), target)]
+    stem = [n for n in names if n.startswith("fused_conv2d") and "relu" in n]
+    assert stem and not any(op in n for n in names for op in ("divide", "sqrt", "subtract"))
+
+
+def test_pt2_archive_through_cli_and_pipeline(target, tmp_path, capsys):
+    """``relax-tune tune/compile model.pt2``; the library matches PyTorch, and the pipeline on
+    ``load_model(model.pt2)`` finds the CLI's tasks all tuned (nothing new to measure)."""
+    module, inputs = small_cnn()
+    path = str(tmp_path / "cnn.pt2")
+    torch.export.save(torch.export.export(module.eval(), inputs), path)
+    x, expected = _reference(small_cnn)
+    wd, lib = str(tmp_path / "w"), str(tmp_path / "out" / "cnn.so")
+    assert cli.main(["tune", path, "--work-dir", wd, "--trials", str(TRIALS),
+                     "--trials-per-iter", "2", "--op-names", "matmul"]) == 0
+    assert f"{TRIALS} new trials" in capsys.readouterr().out
+    assert cli.main(["compile", path, "--work-dir", wd, "-o", lib]) == 0
+    assert "tuned schedules for" in capsys.readouterr().out
+    np.testing.assert_allclose(_run(tvm.runtime.load_module(lib), x), expected,
+                               rtol=1e-4, atol=1e-4)
+
+    model = load_model(path)
+    assert model.source == path and "p_fc_weight" in model.params
+    n_records = len(rt.JSONDatabase(work_dir=wd))
+    got = _run(tvm.compile(model.mod, target,
+                           relax_pipeline=_pipeline(model, target, wd, ["matmul"])), x)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    assert len(rt.JSONDatabase(work_dir=wd)) == n_records and _measured(wd) > 0
+
+
+def test_bad_torch_models_are_clear_errors(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(b"not a zip archive")
+    with pytest.raises(RelaxTuneError, match="bad.pt2.*is not a torch.export archive"):
+        load_model(str(bad))
+    with pytest.raises(RelaxTuneError, match="missing.pt2.*does not exist"):
+        load_model(str(tmp_path / "missing.pt2"))
+    with pytest.raises(RelaxTuneError, match="not_a_model gave a dict; return a tvm.IRModule"
+                                             ".*ExportedProgram.*nn.Module, example_inputs"):
+        load_model(f"{__file__}:not_a_model")
+    with pytest.raises(RelaxTuneError, match="module_without_inputs: a torch.nn.Module needs "
+                                             "example inputs"):
+        load_model(f"{__file__}:module_without_inputs")
+    user_file = tmp_path / "user_model.py"
+    user_file.write_text("import torch\n\ndef model():\n    return None\n")
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed
+    for spec in (str(bad), f"{user_file}:model"):
+        with pytest.raises(RelaxTuneError, match=r"pip install 'relax_tune\[torch\]'"):
+            load_model(spec)
