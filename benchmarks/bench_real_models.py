@@ -1,0 +1,758 @@
+"""Real models side by side: PyTorch eager, ONNX Runtime, TVM untuned, MetaSchedule and the
+"relax_tune" pipeline at several trial budgets, all built, checked and timed in one run.
+
+    python benchmarks/bench_real_models.py --models resnet18 mobilenet_v2 bert vit \\
+        --trials-per-task 1 8 32 [--max-time 600] [--metaschedule] [--per-task]
+    python benchmarks/bench_real_models.py --small --models mobilenet_v2 --trials 8   # smoke
+
+Models (random weights, batch 1, float32; ``--small`` shrinks the inputs for a quick run):
+- ``resnet18``, ``mobilenet_v2``: torchvision, 1x3x224x224 (small: 64x64).
+- ``bert``: a BERT-base-shaped encoder cut down to 4 post-norm ``nn.TransformerEncoderLayer``
+  (d 256, 4 heads, ff 1024, GELU) over token + position embeddings; int64 token ids, seq 128
+  (small: 32); output: the last hidden states.
+- ``vit``: ViT-Tiny-like: 16x16 patches of a 224x224 image (small: 64x64), d 192, 3 heads,
+  ff 768, 6 pre-norm layers, class token, 1000-way head.
+
+Rows per model:
+- ``pytorch``: eager, ``torch.inference_mode()``.
+- ``onnxruntime``: ``torch.onnx.export`` (torch's default exporter), CPU provider.
+- ``tvm-untuned``: ``torch.export`` -> ``from_exported_program(keep_params_as_input=True)`` ->
+  ``detach_params``, weights bound, ``relax.get_pipeline("zero")``, ``tvm.compile``: TVM's
+  stock lowering (no batch-norm folding; relax_tune's pipeline has its own graph passes).
+- ``metaschedule`` (``--metaschedule``): TVM's ``static_shape_tuning`` recipe on the model with
+  its weights bound and ``cpu_weight_prepack`` (the same treatment relax_tune's pipeline
+  gives): ``zero`` pipeline, ``AttachAttrLayoutFreeBuffers``, ``tune_relax``,
+  ``MetaScheduleApplyDatabase``, ``SplitLayoutRewritePreproc``, ``FoldConstant``. Its builder
+  workers import ``tvm.s_tir.tensor_intrin`` in an initializer
+  (shared/notes/metaschedule-baseline.md). Each budget tunes in a fresh work_dir; MetaSchedule
+  hands out ``--ms-trials-per-round`` trials per round (its default 64: below 64 x tasks some
+  tasks get no trial at all; a warning says so). Its "trials" count the records in its
+  database. ``--ms-same-graph`` runs relax_tune's graph passes first, so both tuners tune the
+  same graph (default: TVM's stock lowering, as ``static_shape_tuning`` does).
+- ``relax_tune``: ``tvm.compile(mod, target, relax_pipeline=relax.get_pipeline("relax_tune",
+  target=target, work_dir=wd, max_trials_global=N, params=params))``. By default the budgets
+  run in increasing order on ONE work_dir (resuming only adds trials), and "tune wall s" is
+  the cumulative wall time of all compilations up to that row; ``--fresh`` tunes each budget
+  in its own work_dir (wall time of that compilation alone).
+- ``relax_tune(time)`` (``--max-time S``): a fresh work_dir, ``max_time=S`` and a budget
+  large enough not to bind first.
+
+"trials" is measured/budget (relax_tune stops a task early when it has converged, runs out
+of candidates, or is too cheap to matter; baselines are not trials). Budgets are absolute
+(``--trials``) or multiples of the model's relax_tune task count (``--trials-per-task``:
+tasks extracted from the model lowered exactly as the pipeline lowers it).
+
+Timing (shared/notes/frameworks-substrate.md): every contender runs on the same number of
+threads (``TVM_NUM_THREADS`` set before tvm is imported, ``torch.set_num_threads``, ONNX
+Runtime ``intra_op_num_threads``/``inter_op_num_threads=1``). After all rows of a model are
+built, contenders are timed round by round (order rotating, a sleep before each timing, one
+warm-up call, then as many calls as fill ``--min-secs``; a round's figure is their mean). A
+row's latency is the median over rounds; "vs ONNX Runtime"/"vs PyTorch" are medians of the
+per-round ratios (ORT ms / row ms; above 1: faster than ORT). Every contender is timed through
+Python the same way (one call per iteration on the same input).
+
+Correctness: every output is compared with PyTorch's (max |diff| and max |diff| / max |ref|);
+above ``--tol`` (relative to the largest reference value) the row is flagged MISMATCH and the
+script exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MODEL_NAMES = ["resnet18", "mobilenet_v2", "bert", "vit"]
+LOG = print  # progress lines (stdout, flushed)
+
+
+def log(msg: str) -> None:
+    LOG(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------- environment
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            for line in file:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def relax_tune_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "relax_tune"], cwd=ROOT,
+                               text=True, capture_output=True).stdout.strip()
+        return head + (" (relax_tune/ has uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def import_torchvision():
+    """torchvision 0.28 from the index is linked against CUDA torch: with the CPU torch its
+    ``_meta_registrations`` (the detection ops' meta kernels) fails to import. The
+    classification models need none of it, so an empty module stands in for it."""
+    name = "torchvision._meta_registrations"
+    if name not in sys.modules and "torchvision" not in sys.modules:
+        sys.modules[name] = types.ModuleType(name)
+        NOTES.append("torchvision imported with an empty torchvision._meta_registrations "
+                     "(CUDA-built torchvision on CPU torch; classification models need no C op)")
+    import torchvision
+
+    return torchvision
+
+
+NOTES: list[str] = []
+
+
+# ---------------------------------------------------------------------------- models
+def make_model(name: str, small: bool):
+    """``(torch module in eval mode, example inputs tuple, description)``; seeded."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    if name in ("resnet18", "mobilenet_v2"):
+        tv = import_torchvision()
+        size = 64 if small else 224
+        model = getattr(tv.models, name)(weights=None)
+        x = torch.randn(1, 3, size, size)
+        return model.eval(), (x,), f"1x3x{size}x{size}"
+    if name == "bert":
+        seq = 32 if small else 128
+
+        class SmallBert(nn.Module):
+            def __init__(self, vocab=8192, d=256, heads=4, ff=1024, layers=4):
+                super().__init__()
+                self.tok = nn.Embedding(vocab, d)
+                self.pos = nn.Parameter(torch.randn(1, seq, d) * 0.02)
+                self.norm = nn.LayerNorm(d)
+                self.layers = nn.ModuleList(
+                    nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu",
+                                               batch_first=True) for _ in range(layers))
+
+            def forward(self, ids):
+                h = self.norm(self.tok(ids) + self.pos)
+                for layer in self.layers:
+                    h = layer(h)
+                return h
+
+        ids = torch.randint(0, 8192, (1, seq), dtype=torch.int64)
+        return SmallBert().eval(), (ids,), f"seq {seq}, 4 layers d256"
+    if name == "vit":
+        img = 64 if small else 224
+
+        class SmallViT(nn.Module):
+            def __init__(self, patch=16, d=192, heads=3, ff=768, layers=6, classes=1000):
+                super().__init__()
+                n = (img // patch) ** 2
+                self.patch = nn.Conv2d(3, d, patch, patch)
+                self.cls = nn.Parameter(torch.randn(1, 1, d) * 0.02)
+                self.pos = nn.Parameter(torch.randn(1, n + 1, d) * 0.02)
+                self.layers = nn.ModuleList(
+                    nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu",
+                                               batch_first=True, norm_first=True)
+                    for _ in range(layers))
+                self.norm = nn.LayerNorm(d)
+                self.head = nn.Linear(d, classes)
+
+            def forward(self, x):
+                x = self.patch(x).flatten(2).transpose(1, 2)
+                x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+                for layer in self.layers:
+                    x = layer(x)
+                return self.head(self.norm(x[:, 0]))
+
+        x = torch.randn(1, 3, img, img)
+        return SmallViT().eval(), (x,), f"1x3x{img}x{img}, 6 layers d192"
+    raise ValueError(name)
+
+
+def import_relax(model, inputs):
+    """torch.export -> Relax (``main``; weights as inputs) -> ``(mod, {param name: array})``."""
+    import torch
+    from tvm.relax.frontend import detach_params
+    from tvm.relax.frontend.torch import from_exported_program
+
+    ep = torch.export.export(model, inputs)
+    mod = from_exported_program(ep, keep_params_as_input=True, unwrap_unit_return_tuple=True)
+    mod, weights = detach_params(mod)
+    params: dict[str, np.ndarray] = {}
+    for fname, arrays in weights.items():
+        func = mod[fname]
+        num_input = int(func.attrs["num_input"])
+        for var, array in zip(func.params[num_input:], arrays, strict=True):
+            params[var.name] = array.numpy()
+    return mod, params
+
+
+def lowered_for_tasks(mod, params, target):
+    """The model with its weights bound, lowered exactly as the "relax_tune" pipeline lowers
+    it before tuning (so its tasks are the pipeline's): ``LoadedModel.lowered``."""
+    from relax_tune.model_loader import LoadedModel
+
+    return LoadedModel(mod, params, "bench").lowered(target)
+
+
+def bind_weights(mod, params):
+    """``mod`` with ``params`` bound as constants, as the "relax_tune" pipeline binds them."""
+    try:
+        from relax_tune.prepare import bind_params
+    except ImportError:  # before relax_tune.prepare existed
+        from relax_tune.extract import bind_params
+    return bind_params(mod, params)
+
+
+def relax_tune_graph_passes() -> list:
+    """relax_tune's graph passes (batch norm folded into convolutions, ...), or [] when this
+    relax_tune has none."""
+    try:
+        from relax_tune.prepare import graph_passes
+    except ImportError:
+        return []
+    return graph_passes()
+
+
+# ---------------------------------------------------------------------------- rows
+@dataclass
+class Row:
+    contender: str
+    trials: str
+    call: Callable[[], Any] | None
+    output: np.ndarray | None = None
+    tune_secs: float | None = None
+    error: str | None = None
+    samples: list[float] = field(default_factory=list)
+    ratio_ort: list[float] = field(default_factory=list)
+    ratio_torch: list[float] = field(default_factory=list)
+    max_abs: float | None = None
+    max_rel: float | None = None
+    mismatch: bool = False
+    number: int = 1
+    warm: bool = True
+
+
+def _numpy_out(out) -> np.ndarray:
+    if isinstance(out, np.ndarray):
+        return out
+    if hasattr(out, "numpy"):
+        return out.numpy()
+    if isinstance(out, (list, tuple)) or hasattr(out, "__getitem__"):
+        return _numpy_out(out[0])
+    return np.asarray(out)
+
+
+def tvm_row(contender: str, trials: str, ex, inputs_np, tune_secs=None) -> Row:
+    import tvm
+    from tvm import relax
+
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(ex, dev)
+    func = vm["main"]
+    args = [tvm.runtime.tensor(a, dev) for a in inputs_np]
+    row = Row(contender, trials, lambda: func(*args), tune_secs=tune_secs)
+    row.vm = vm  # keep the VM alive with its function
+    return row
+
+
+def compile_untuned(mod, params, target):
+    import tvm
+    from tvm import relax
+
+    with target:
+        zero = relax.get_pipeline("zero")(bind_weights(mod, params))
+    return tvm.compile(zero, target)
+
+
+def _import_tensor_intrin() -> None:
+    import tvm.s_tir.tensor_intrin  # noqa: F401  (registers intrinsics; slow, so once per worker)
+
+
+def compile_metaschedule(mod, params, target, work_dir: str, trials: int, per_round: int,
+                         same_graph: bool = False):
+    """TVM's static_shape_tuning recipe, weights bound, cpu_weight_prepack, warm builder;
+    ``same_graph``: relax_tune's graph passes first (the graph relax_tune tunes)."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    with target:
+        lowered = tvm.transform.Sequential([
+            *(relax_tune_graph_passes() if same_graph else []),
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.CanonicalizeBindings(),
+            relax.get_pipeline("zero"),
+            relax.transform.AttachAttrLayoutFreeBuffers(),
+        ])(bind_weights(mod, params))
+        if trials > 0:
+            ms.relax_integration.tune_relax(
+                lowered, {}, target, work_dir, trials, num_trials_per_iter=per_round,
+                builder=ms.builder.LocalBuilder(initializer=_import_tensor_intrin))
+        applied = tvm.transform.Sequential([
+            relax.transform.MetaScheduleApplyDatabase(work_dir),
+            relax.transform.SplitLayoutRewritePreproc(),
+            relax.transform.FoldConstant(),
+        ])(lowered)
+    return tvm.compile(applied, target)
+
+
+def metaschedule_tasks(mod, params, target, same_graph: bool = False) -> int:
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    with target:
+        lowered = tvm.transform.Sequential([
+            *(relax_tune_graph_passes() if same_graph else []),
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.CanonicalizeBindings(),
+            relax.get_pipeline("zero"),
+        ])(bind_weights(mod, params))
+    return len(ms.relax_integration.extract_tasks(lowered, target))
+
+
+def count_lines(path: str) -> int:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return sum(1 for line in file if line.strip())
+    except OSError:
+        return 0
+
+
+def relax_tune_summaries(work_dir: str, tasks):
+    from relax_tune.database import JSONDatabase
+    from relax_tune.report import summarize, task_meta_from_tasks
+
+    return summarize(JSONDatabase(work_dir=work_dir), task_meta_from_tasks(tasks))
+
+
+def measured_trials(work_dir: str, tasks) -> int:
+    try:
+        return sum(s.trials for s in relax_tune_summaries(work_dir, tasks))
+    except Exception as err:  # report only
+        log(f"  (could not count trials in {work_dir}: {err})")
+        return -1
+
+
+# ---------------------------------------------------------------------------- timing
+def calibrate(row: Row, min_secs: float) -> None:
+    """Warm up, then choose how many calls fill ``min_secs`` per round."""
+    row.call()
+    start = time.perf_counter()
+    row.call()
+    once = time.perf_counter() - start
+    row.number = max(1, math.ceil(min_secs / max(once, 1e-6)))
+    row.warm = once < 0.25  # a slow untuned model gets no extra warm-up call per round
+
+
+def time_once(row: Row) -> float:
+    """One round: a warm-up call, then the mean of ``row.number`` calls (seconds per call)."""
+    if row.warm:
+        row.call()
+    start = time.perf_counter()
+    for _ in range(row.number):
+        row.call()
+    return (time.perf_counter() - start) / row.number
+
+
+def interleave(rows: list[Row], rounds: int, pause: float) -> None:
+    """Time every row once per round (order rotating each round, ``pause`` s of sleep before
+    each timing, as benchmarks/timing.py's ``interleaved``); per-round ratios against ONNX
+    Runtime and PyTorch go into ``ratio_ort``/``ratio_torch``."""
+    live = [r for r in rows if r.call is not None and r.error is None]
+    for rnd in range(rounds):
+        shift = rnd % len(live)
+        this: dict[str, float] = {}
+        for row in live[shift:] + live[:shift]:
+            time.sleep(pause)
+            secs = time_once(row)
+            row.samples.append(secs)
+            this[id(row)] = secs
+        ort = next((this[id(r)] for r in live if r.contender == "onnxruntime"), None)
+        tor = next((this[id(r)] for r in live if r.contender == "pytorch"), None)
+        for row in live:
+            if ort is not None:
+                row.ratio_ort.append(ort / this[id(row)])
+            if tor is not None:
+                row.ratio_torch.append(tor / this[id(row)])
+
+
+# ---------------------------------------------------------------------------- one model
+def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[Row], str]:
+    import onnxruntime as ort
+    import torch
+    import tvm
+    from tvm import relax
+
+    import relax_tune as rt
+
+    model, inputs, desc = make_model(name, args.small)
+    inputs_np = [t.numpy() for t in inputs]
+    log(f"{name} ({desc}): PyTorch eager")
+    with torch.inference_mode():
+        ref = model(*inputs).numpy()
+
+    def torch_call():
+        with torch.inference_mode():
+            return model(*inputs)
+
+    rows = [Row("pytorch", "-", torch_call)]
+
+    # ONNX Runtime
+    log(f"{name}: torch.onnx.export + ONNX Runtime")
+    try:
+        onnx_path = os.path.join(root, f"{name}.onnx")
+        torch.onnx.export(model, inputs, onnx_path, verbose=False)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+        feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs_np)}
+        rows.append(Row("onnxruntime", "-", lambda: sess.run(None, feed)))
+    except Exception as err:
+        rows.append(Row("onnxruntime", "-", None, error=f"{type(err).__name__}: {err}"))
+        log(f"!!! {name}: ONNX Runtime failed: {err}")
+
+    # Relax import, task count
+    log(f"{name}: torch.export -> Relax")
+    start = time.perf_counter()
+    mod, params = import_relax(model, inputs)
+    tasks = rt.extract_tasks(lowered_for_tasks(mod, params, target), target)
+    n_tasks = len(tasks)
+    info = (f"{name} ({desc}): {len(params)} weight tensors, "
+            f"{sum(a.size for a in params.values()) / 1e6:.2f} M parameters, "
+            f"{n_tasks} relax_tune tasks (imported + lowered in "
+            f"{time.perf_counter() - start:.1f} s)")
+    log(info)
+
+    budgets = sorted({*args.trials, *(k * n_tasks for k in args.trials_per_task)})
+    budgets = [b for b in budgets if b > 0]
+
+    log(f"{name}: TVM untuned")
+    try:
+        rows.append(tvm_row("tvm-untuned", "0", compile_untuned(mod, params, target),
+                            inputs_np))
+    except Exception as err:
+        rows.append(Row("tvm-untuned", "0", None, error=f"{type(err).__name__}: {err}"))
+        log(f"!!! {name}: untuned build failed: {err}")
+
+    if args.metaschedule:
+        ms_tasks = metaschedule_tasks(mod, params, target, args.ms_same_graph)
+        info += f"; {ms_tasks} MetaSchedule tasks, {args.ms_trials_per_round} trials per round"
+        for budget in budgets:
+            if budget < args.ms_trials_per_round * ms_tasks:
+                log(f"  warning: MetaSchedule at {budget} trials with {args.ms_trials_per_round}"
+                    f" per round reaches at most {math.ceil(budget / args.ms_trials_per_round)}"
+                    f" of its {ms_tasks} tasks")
+            wd = os.path.join(root, f"{name}-ms-{budget}")
+            log(f"{name}: MetaSchedule, {budget} trials")
+            start = time.perf_counter()
+            try:
+                ex = compile_metaschedule(mod, params, target, wd, budget,
+                                          args.ms_trials_per_round, args.ms_same_graph)
+                wall = time.perf_counter() - start
+                done = count_lines(os.path.join(wd, "database_tuning_record.json"))
+                rows.append(tvm_row("metaschedule", f"{done}/{budget}", ex, inputs_np, wall))
+                log(f"  {wall:.0f} s")
+            except Exception as err:
+                rows.append(Row("metaschedule", f"?/{budget}", None,
+                                tune_secs=time.perf_counter() - start,
+                                error=f"{type(err).__name__}: {err}"))
+                log(f"!!! {name}: MetaSchedule {budget} failed: {err}")
+
+    def relax_tune_compile(wd: str, budget: int, **kw):
+        return tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+            "relax_tune", target=target, work_dir=wd, max_trials_global=budget,
+            params=params, **kw))
+
+    cumulative = 0.0
+    last_wd = None
+    for budget in budgets:
+        wd = os.path.join(root, f"{name}-rt-{budget}" if args.fresh else f"{name}-rt")
+        log(f"{name}: relax_tune, {budget} trials"
+            + ("" if args.fresh else f" (resuming {wd})"))
+        start = time.perf_counter()
+        try:
+            ex = relax_tune_compile(wd, budget)
+            wall = time.perf_counter() - start
+            cumulative = wall if args.fresh else cumulative + wall
+            done = measured_trials(wd, tasks)
+            rows.append(tvm_row("relax_tune", f"{done}/{budget}", ex, inputs_np, cumulative))
+            last_wd = wd
+            log(f"  {wall:.0f} s (cumulative {cumulative:.0f} s)")
+        except Exception as err:
+            cumulative += time.perf_counter() - start
+            rows.append(Row("relax_tune", f"?/{budget}", None, tune_secs=cumulative,
+                            error=f"{type(err).__name__}: {err}"))
+            log(f"!!! {name}: relax_tune {budget} failed: {err}")
+
+    if args.max_time:
+        wd = os.path.join(root, f"{name}-rt-time")
+        log(f"{name}: relax_tune, max_time {args.max_time:.0f} s")
+        start = time.perf_counter()
+        try:
+            ex = relax_tune_compile(wd, args.max_time_trials, max_time=args.max_time)
+            wall = time.perf_counter() - start
+            done = measured_trials(wd, tasks)
+            rows.append(tvm_row("relax_tune(time)", f"{done}/{args.max_time:.0f}s", ex,
+                                inputs_np, wall))
+            log(f"  {wall:.0f} s, {done} trials")
+        except Exception as err:
+            rows.append(Row("relax_tune(time)", f"?/{args.max_time:.0f}s", None,
+                            tune_secs=time.perf_counter() - start,
+                            error=f"{type(err).__name__}: {err}"))
+            log(f"!!! {name}: relax_tune max_time failed: {err}")
+
+    # correctness against PyTorch
+    scale = float(np.max(np.abs(ref))) or 1.0
+    for row in rows:
+        if row.call is None:
+            continue
+        try:
+            out = _numpy_out(row.call())
+            row.output = out
+            diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+            row.max_abs = float(diff.max())
+            row.max_rel = row.max_abs / scale
+            row.mismatch = out.shape != ref.shape or not row.max_rel <= args.tol
+        except Exception as err:
+            row.error = f"output: {type(err).__name__}: {err}"
+            row.mismatch = True
+        if row.mismatch:
+            log(f"!!! MISMATCH {name} {row.contender} {row.trials}: max |diff| {row.max_abs}, "
+                f"relative to max |ref| {row.max_rel} (tolerance {args.tol})")
+
+    load = os.getloadavg()[0]
+    info += f"; load before timing {load:.1f}"
+    log(f"{name}: timing {sum(r.call is not None and r.error is None for r in rows)} "
+        f"contenders, {args.rounds} interleaved rounds (load {load:.1f})")
+    for row in rows:
+        if row.call is not None and row.error is None:
+            calibrate(row, args.min_secs)
+    interleave(rows, args.rounds, args.pause)
+
+    if args.per_task and last_wd is not None:
+        info += "\n\n" + per_task_table(name, last_wd, tasks, rows)
+    return rows, info
+
+
+def per_task_table(name: str, work_dir: str, tasks, rows: list[Row]) -> str:
+    """Per task of the largest relax_tune budget: weight x applied latency, largest first."""
+    try:
+        summaries = relax_tune_summaries(work_dir, tasks)
+    except Exception as err:
+        return f"(per-task table unavailable: {err})"
+    known = [s for s in summaries if s.applied_secs]
+    total = sum(s.effective_weight * s.applied_secs for s in known)
+    measured = [r for r in rows if r.contender == "relax_tune" and r.samples]
+    lines = [f"Per task, {name}, largest relax_tune budget ({os.path.basename(work_dir)}): "
+             f"applied latency x weight, from the work_dir database",
+             "",
+             "| task | shape | weight | trials | untuned us | applied us | weight x applied ms"
+             " | share | speedup |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s in sorted(known, key=lambda s: -s.effective_weight * s.applied_secs):
+        w_ms = s.effective_weight * s.applied_secs * 1e3
+        base = f"{s.baseline_secs * 1e6:.1f}" if s.baseline_secs else "-"
+        speed = f"{s.speedup:.2f}x" if s.speedup else "-"
+        lines.append(f"| {s.name} | {s.shape} | {s.weight if s.weight is not None else '?'} | "
+                     f"{s.trials} | {base} | {s.applied_secs * 1e6:.1f} | {w_ms:.3f} | "
+                     f"{100 * s.effective_weight * s.applied_secs / total:.1f}% | {speed} |")
+    missing = len(summaries) - len(known)
+    lines.append("")
+    lines.append(f"sum of tasks: {total * 1e3:.3f} ms"
+                 + (f" ({missing} workloads without a time left out)" if missing else "")
+                 + (f"; measured end-to-end (largest budget): "
+                    f"{np.median(measured[-1].samples) * 1e3:.3f} ms" if measured else "")
+                 + " (the difference is VM overhead, allocation and untunable ops)")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- output
+def fmt_rows(model: str, rows: list[Row]) -> list[str]:
+    out = []
+    for row in rows:
+        if row.samples:
+            ms = f"{np.median(row.samples) * 1e3:.3f}"
+            vs_ort = f"{np.median(row.ratio_ort):.2f}" if row.ratio_ort else "-"
+            vs_torch = f"{np.median(row.ratio_torch):.2f}" if row.ratio_torch else "-"
+        else:
+            ms, vs_ort, vs_torch = "FAILED", "-", "-"
+        wall = f"{row.tune_secs:.0f}" if row.tune_secs is not None else "-"
+        if row.contender == "pytorch":
+            diff = "(reference)"
+        elif row.max_abs is None:
+            diff = "-"
+        else:
+            diff = f"{row.max_abs:.2e} (rel {row.max_rel:.1e})"
+        if row.mismatch:
+            diff = f"**MISMATCH** {diff}"
+        if row.error:
+            diff += f" ERROR: {row.error.splitlines()[0][:120]}"
+        out.append(f"| {model} | {row.contender} | {row.trials} | {ms} | {vs_ort} | {vs_torch} "
+                   f"| {wall} | {diff} |")
+    return out
+
+
+TABLE_HEAD = ["| model | contender | trials | latency ms (median) | vs ONNX Runtime | vs PyTorch "
+              "| tune wall s | max \\|diff\\| vs PyTorch |",
+              "|---|---|---|---|---|---|---|---|"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=MODEL_NAMES, choices=MODEL_NAMES)
+    parser.add_argument("--trials", nargs="*", type=int, default=[],
+                        help="absolute relax_tune (and MetaSchedule) budgets")
+    parser.add_argument("--trials-per-task", nargs="*", type=int, default=None,
+                        help="budgets as multiples of the model's task count "
+                             "(default 1 8 32 unless --trials is given)")
+    parser.add_argument("--max-time", type=float, default=None,
+                        help="add a relax_tune row tuned for this many seconds (fresh work_dir)")
+    parser.add_argument("--max-time-trials", type=int, default=100_000,
+                        help="trial budget of the --max-time row (large: the time binds)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="tune each relax_tune budget in its own work_dir (default: one "
+                             "work_dir, resumed; cumulative wall time)")
+    parser.add_argument("--metaschedule", action="store_true",
+                        help="add MetaSchedule rows at the same budgets (1-3 s per trial here)")
+    parser.add_argument("--ms-trials-per-round", type=int, default=64,
+                        help="MetaSchedule's num_trials_per_iter (its default: 64)")
+    parser.add_argument("--ms-same-graph", action="store_true",
+                        help="run relax_tune's graph passes (batch norm folded into convolutions,"
+                             " ...) before MetaSchedule's lowering, so both tune the same graph "
+                             "(default: TVM's stock static_shape_tuning lowering)")
+    parser.add_argument("--per-task", action="store_true",
+                        help="per-task time table for the largest relax_tune budget")
+    parser.add_argument("--small", action="store_true", help="reduced input sizes (smoke run)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for every contender (default: usable cores)")
+    parser.add_argument("--omp-passive", action="store_true",
+                        help="OMP_WAIT_POLICY=PASSIVE for PyTorch's OpenMP threads (only torch "
+                             "uses OpenMP here): on a machine other processes keep busy, "
+                             "spinning OpenMP barriers make PyTorch 10-20x slower")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--pause", type=float, default=0.4,
+                        help="seconds of sleep before each timing")
+    parser.add_argument("--min-secs", type=float, default=0.2,
+                        help="each round times as many calls as fill this many seconds")
+    parser.add_argument("--tol", type=float, default=1e-3,
+                        help="max |diff| / max |PyTorch output| above which a row is flagged")
+    parser.add_argument("--work-root", default=None,
+                        help="keep the work_dirs (and ONNX files) here instead of a temp dir")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    if args.trials_per_task is None:
+        args.trials_per_task = [] if args.trials else [1, 8, 32]
+
+    threads = args.threads or len(os.sched_getaffinity(0))
+    os.environ["TVM_NUM_THREADS"] = str(threads)  # before tvm is imported (and its workers)
+    if args.omp_passive:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch (its libgomp) is imported
+    import logging
+
+    import onnxruntime
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    sys.path.insert(0, ROOT)
+    import tvm
+
+    import relax_tune as rt
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    target = rt.host_target()
+    if args.metaschedule:
+        _import_tensor_intrin()  # before any clock starts
+
+    header = [
+        f"CPU: {cpu_model()} ({len(os.sched_getaffinity(0))} usable cores); "
+        f"target: {target}",
+        f"relax_tune commit: {relax_tune_commit()}",
+        f"threads: {threads} for every contender (TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']},"
+        f" torch.set_num_threads({torch.get_num_threads()}), ONNX Runtime intra_op={threads} "
+        f"inter_op=1; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')})",
+        f"versions: tvm {tvm.__version__}, torch {torch.__version__}, onnxruntime "
+        f"{onnxruntime.__version__}; inputs {'small (--small)' if args.small else 'full size'};"
+        f" batch 1, float32, random weights",
+        f"relax_tune budgets: {'fresh work_dir each' if args.fresh else 'incremental, one work_dir'}"
+        f" (trials {args.trials or '-'}, per task {args.trials_per_task or '-'}"
+        f"{f', max_time {args.max_time:.0f} s' if args.max_time else ''})",
+        f"timing: {args.rounds} interleaved rounds, {args.pause} s pause, >= {args.min_secs} s "
+        f"of calls per round; median of per-round means; load at start {os.getloadavg()}",
+    ]
+    load = os.getloadavg()[0]
+    if load > 0.5 * len(os.sched_getaffinity(0)):
+        header.append(f"WARNING: the machine is busy (load {load:.1f} on "
+                      f"{len(os.sched_getaffinity(0))} cores): multi-threaded timings degrade "
+                      "under contention, PyTorch's OpenMP worst (MobileNetV2 64x64 with 2 "
+                      "threads while two other processes ran: 287 ms, 19 ms with "
+                      "--omp-passive, 17 ms on 1 thread)")
+    for line in header:
+        print(line, flush=True)
+
+    root = args.work_root or tempfile.mkdtemp(prefix="bench_real_models_")
+    os.makedirs(root, exist_ok=True)
+    table = list(TABLE_HEAD)
+    infos: list[str] = []
+    failed = False
+    try:
+        for name in args.models:
+            rows, info = bench_model(name, args, target, root, threads)
+            infos.append(info)
+            part = fmt_rows(name, rows)
+            table += part
+            failed |= any(r.mismatch or r.error for r in rows)
+            print("\n".join(TABLE_HEAD + part), flush=True)
+    finally:
+        if args.work_root is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+    print()
+    for line in header:
+        print(line)
+    print(f"load at end {os.getloadavg()}")
+    for note in NOTES:
+        print(f"note: {note}")
+    print()
+    print("\n".join(table))
+    print()
+    print("trials: measured/budget (relax_tune stops converged, exhausted or too-cheap tasks "
+          "early); tune wall s: whole tvm.compile (tuning + build)"
+          + ("" if args.fresh else ", cumulative over the relax_tune budgets of one work_dir")
+          + "; vs X: X ms / row ms, median of per-round ratios (>1: faster than X)")
+    for info in infos:
+        print()
+        print(info)
+    if failed:
+        print("\n!!! SOME ROWS FAILED OR DO NOT MATCH PYTORCH (see MISMATCH / ERROR above) !!!")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
