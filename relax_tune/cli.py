@@ -116,10 +116,17 @@ def _compile(args: argparse.Namespace) -> int:
     import tvm
 
     from .extract import extract_tasks
+    from .measure import cross
     from .model_loader import load_model, parse_shape_dict
     from .report import open_work_dir
 
     target = parse_target(_target_arg(args.target))
+    mode = cross.link_mode(target)  # a target of another ISA: its cross compiler links
+    if mode == cross.LINK_TAR and not args.output.endswith(".tar"):
+        triple = cross.target_triple(target)
+        raise RelaxTuneError(f"no {triple}-gcc or {triple}-g++ on PATH to link {args.output} "
+                             f"for {triple}: install a cross compiler (Debian: apt-get install "
+                             f"gcc-{triple}) or write an archive the device links (-o model.tar)")
     db = open_work_dir(args.work_dir)
     model = load_model(args.model, parse_shape_dict(args.input_shape))
     tasks = extract_tasks(model.lowered(target), target)
@@ -129,7 +136,7 @@ def _compile(args: argparse.Namespace) -> int:
     ex = tvm.compile(model.mod, target, relax_pipeline=pipeline)
     out = os.path.abspath(args.output)
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    ex.export_library(out)
+    cross.export(ex, out, mode)
     print(f"relax-tune: wrote {args.output}; tuned schedules for {tuned} of {len(tasks)} "
           "tasks, the others keep their untuned code (no record, or none faster)")
     return 0
@@ -304,7 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "tvm.runtime.load_module(path) and relax.VirtualMachine(lib, tvm.cpu()).")
     _add_model_args(comp)
     comp.add_argument("--work-dir", required=True, help="the work dir `tune` wrote")
-    comp.add_argument("-o", "--output", required=True, help="library to write, e.g. model.so")
+    comp.add_argument("-o", "--output", required=True,
+                      help="library to write, e.g. model.so (for a --target of another "
+                           "architecture linked by its <mtriple>-gcc), or model.tar: object "
+                           "files the device links (tvm.runtime.load_module links a .tar)")
     comp.set_defaults(func=_compile)
 
     db = sub.add_parser("db", help="inspect, merge, prune or export tuning databases",

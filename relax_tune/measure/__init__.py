@@ -1,7 +1,8 @@
 """Measurement: build candidates into shared libraries and time them on a device.
 
 - ``LocalBuilder``: replays plain-JSON traces on a workload and compiles + exports each
-  candidate in persistent worker processes (crash- and timeout-isolated).
+  candidate in persistent worker processes (crash- and timeout-isolated); for a target of
+  another instruction set it cross-links or exports a ``.tar`` the device links (``cross``).
 - ``LocalRunner``: times exported libraries with the runtime's time evaluator, one candidate
   at a time, in a persistent worker process (crash- and timeout-isolated).
 - ``RPCRunner``: the same on remote devices through TVM's RPC tracker, one session per

@@ -23,7 +23,7 @@ import tvm
 from ..space.gpu.compile import ensure_cuda_compiler
 from ..space.layout_rewrite import measurable_module
 from ..utils import ensure_tvm_threads, schedule_from_json
-from . import prepack
+from . import cross, prepack
 from .base import short_error
 
 
@@ -84,10 +84,12 @@ def _replay_error(mod: tvm.IRModule, trace: list, err: Exception) -> str:
 
 
 def build_candidate(digest: str, script: str, target_json: str, trace_json: str | None,
-                    out_path: str) -> tuple[str | None, float]:
+                    out_path: str, link: str = "") -> tuple[str | None, float]:
     """Replay ``trace_json`` (plain-JSON trace, or None for the workload as it is) on the
     workload, compile it for the target and export it to ``out_path`` (a ``.so`` exposing
-    ``main``). Returns ``(error or None, seconds spent)``."""
+    ``main``). ``link`` (``cross.link_mode``): "" links with the host compiler, "tar" writes
+    an archive of object files (``out_path`` ends in ``.tar``), anything else is the
+    compiler that links. Returns ``(error or None, seconds spent)``."""
     start = time.perf_counter()
     stage = "parse workload"
     try:
@@ -107,7 +109,7 @@ def build_candidate(digest: str, script: str, target_json: str, trace_json: str 
         stage = "compile"
         executable = tvm.compile(measured, target)
         stage = "export"
-        executable.export_library(out_path)
+        cross.export(executable, out_path, link)
         if plan is not None:
             prepack.write_plan(out_path, plan)
         return None, time.perf_counter() - start

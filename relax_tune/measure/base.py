@@ -65,8 +65,9 @@ class BuildResult:
     """The outcome of building one candidate.
 
     Attributes:
-        artifact_path: the exported shared library (``.so``) exposing a function ``main``,
-            or None when the build failed.
+        artifact_path: the exported shared library (``.so``) exposing a function ``main``
+            (or a ``.tar`` of its object files, linked where it is loaded: see
+            ``LocalBuilder``'s ``link``), or None when the build failed.
         error: None on success; otherwise a short message (the first lines of the error),
             ``"timeout"`` or ``"worker crashed"``.
         build_secs: seconds spent on this candidate in its worker (trace replay, compile and

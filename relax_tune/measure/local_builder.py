@@ -18,7 +18,7 @@ from tvm.s_tir import Trace
 from tvm.support.popen_pool import PopenPoolExecutor
 
 from ..utils import RelaxTuneError, normalize_mod, parse_target, to_plain, trace_to_json
-from . import _worker, prepack
+from . import _worker, cross, prepack
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, Builder, BuildResult, BuildsDone, logger,
                    short_error, worker_import_error, worker_output)
 
@@ -60,16 +60,26 @@ class LocalBuilder(Builder):
         artifact_dir: where the exported ``.so`` files go. Default: a temporary directory
             owned by the builder and removed by ``shutdown``. A given directory is created if
             missing and left in place.
+        link: how a candidate is linked (``measure/cross.py``). "auto" (default): with the
+            host compiler for this machine's architecture; for a target whose ``mtriple``
+            names another one (``aarch64-linux-gnu``), with ``<triple>-gcc``/``-g++`` when
+            one is on PATH, else as a ``.tar`` of object files that the device links when
+            it loads it (TVM's RPC server does). "tar": always the archive. Any other
+            string: the compiler that links the ``.so`` (e.g. a cross compiler's path).
     """
 
     def __init__(self, max_workers: int | None = None, timeout_sec: float = 60.0,
-                 artifact_dir: str | None = None) -> None:
+                 artifact_dir: str | None = None, link: str = cross.LINK_AUTO) -> None:
         if max_workers is None:
             max_workers = _available_cores()
         if max_workers < 1:
             raise RelaxTuneError(f"max_workers must be at least 1, not {max_workers}")
         if timeout_sec <= 0:
             raise RelaxTuneError(f"timeout_sec must be positive, not {timeout_sec}")
+        if not isinstance(link, str) or not link:
+            raise RelaxTuneError(f"link must be 'auto', 'tar' or a compiler, not {link!r}")
+        self.link = link
+        self._modes: dict[str, str] = {}
         self.max_workers = int(max_workers)
         self.timeout_sec = float(timeout_sec)
         if artifact_dir is None:
@@ -107,14 +117,26 @@ class LocalBuilder(Builder):
         for _ in range(self.max_workers):
             pool.submit(os.getpid)
 
-    def _artifact_path(self, digest: str) -> str:
-        name = f"{digest[:12]}_{self._session}_{next(self._counter):06d}.so"
+    def link_mode(self, target: tvm.target.Target | str | dict) -> str:
+        """How this builder links candidates for ``target``: "" (the host compiler),
+        "tar" (an archive the device links) or a cross compiler (``cross.link_mode``)."""
+        target = parse_target(target)
+        key = str(target)
+        mode = self._modes.get(key)
+        if mode is None:
+            mode = self._modes[key] = cross.link_mode(target, self.link)
+            (logger.info if mode else logger.debug)("%s", cross.describe(target, mode))
+        return mode
+
+    def _artifact_path(self, digest: str, ext: str = "so") -> str:
+        name = f"{digest[:12]}_{self._session}_{next(self._counter):06d}.{ext}"
         return os.path.join(self.artifact_dir, name)
 
     def build(self, workload: tvm.IRModule, target: tvm.target.Target | str | dict,
               traces: list[list | None]) -> list[BuildResult]:
         """Replay each plain-JSON trace on ``workload`` in a persistent worker, compile the
-        result for ``target`` and export it as a ``.so`` whose entry function is ``main``.
+        result for ``target`` and export it as a ``.so`` whose entry function is ``main``
+        (a ``.tar`` of object files in the archive mode, see ``link``).
         (``submit(...).result()``.)
 
         ``workload`` is a single-function module keyed ``main`` (``utils.normalize_mod``; a
@@ -146,17 +168,18 @@ class LocalBuilder(Builder):
         script = workload.script()
         digest = _digest(script)
         target_json = str(target)
+        mode = self.link_mode(target)
         pool = self.pool
         jobs: list[tuple[str, Future | BuildResult]] = []
         for trace in traces:
-            out_path = self._artifact_path(digest)
+            out_path = self._artifact_path(digest, "tar" if mode == cross.LINK_TAR else "so")
             try:
                 trace_json = _trace_text(trace)
             except Exception as err:  # noqa: BLE001 - not JSON-serialisable: this one fails
                 jobs.append((out_path, BuildResult(None, "bad trace: " + short_error(err), 0.0)))
                 continue
             future = pool.submit(_worker.build_candidate, digest, script, target_json,
-                                 trace_json, out_path)
+                                 trace_json, out_path, mode)
             jobs.append((out_path, future))
         return PendingBuild(self, jobs, digest)
 

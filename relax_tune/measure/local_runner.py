@@ -15,7 +15,7 @@ import tvm
 from tvm.support.popen_pool import PopenPoolExecutor
 
 from ..utils import RelaxTuneError, parse_target
-from . import _worker
+from . import _worker, cross
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, MeasureError, Runner, RunResult, logger,
                    short_error, worker_import_error, worker_output)
 
@@ -116,8 +116,15 @@ class LocalRunner(Runner):
 
     def check_target(self, target: Any) -> None:
         """RelaxTuneError when this machine has no device of ``target``'s kind (e.g. a cuda
-        target without a GPU): every candidate would fail; measure remotely instead."""
+        target without a GPU) or ``target`` names another architecture (``mtriple``):
+        every candidate would fail; measure remotely instead."""
         target = parse_target(target)
+        if cross.is_foreign(target):  # e.g. aarch64 on x86: built, but cannot run here
+            raise RelaxTuneError(
+                f"target {target} is for {cross.target_triple(target)} and this machine is "
+                f"{cross.host_triple()}: its candidates cannot run here; measure them on the "
+                f"device through TVM's RPC tracker (relax-tune tune --rpc "
+                f"TRACKER_HOST:PORT:KEY, or runner=relax_tune.measure.RPCRunner(...))")
         kind = target.kind.name
         if kind == "llvm":
             return
