@@ -221,14 +221,12 @@ def bind_weights(mod, params):
     return bind_params(mod, params)
 
 
-def relax_tune_graph_passes() -> list:
-    """relax_tune's graph passes (batch norm folded into convolutions, ...), or [] when this
-    relax_tune has none."""
-    try:
-        from relax_tune.prepare import graph_passes
-    except ImportError:
-        return []
-    return graph_passes()
+def relax_tune_graph_passes(target) -> list:
+    """relax_tune's graph passes for ``target`` (batch norm folded into convolutions,
+    channels-last convolutions on CPU, ...)."""
+    from relax_tune.prepare import graph_passes
+
+    return graph_passes(target)
 
 
 # ---------------------------------------------------------------------------- rows
@@ -296,7 +294,7 @@ def compile_metaschedule(mod, params, target, work_dir: str, trials: int, per_ro
 
     with target:
         lowered = tvm.transform.Sequential([
-            *(relax_tune_graph_passes() if same_graph else []),
+            *(relax_tune_graph_passes(target) if same_graph else []),
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
             relax.get_pipeline("zero"),
@@ -321,7 +319,7 @@ def metaschedule_tasks(mod, params, target, same_graph: bool = False) -> int:
 
     with target:
         lowered = tvm.transform.Sequential([
-            *(relax_tune_graph_passes() if same_graph else []),
+            *(relax_tune_graph_passes(target) if same_graph else []),
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
             relax.get_pipeline("zero"),

@@ -84,3 +84,39 @@ class FoldBatchNormIntoConv:
                     out = out.clone() if out is mod else out
                     out.update_func(gv, new)
         return out
+
+
+CPU_CONV_LAYOUT = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
+"""Convolution layouts on CPU targets: channels innermost, so the tuned kernels vectorise
+along the output channels (16-512 of them) instead of a feature map's width (7-56).
+Measured on ResNet-18 (znver4, 2 threads, 4 trials per task, same run): NCHW 157.9 ms,
+NHWC 58.8 ms."""
+
+
+def _has_op(mod: tvm.IRModule, name: str) -> bool:
+    op = tvm.ir.Op.get(name)
+    found = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and expr.op.same_as(op):
+            found.append(expr)
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_tune.ChannelsLastConvolutions")
+class ChannelsLastConvolutions:
+    """TVM's ``ConvertLayout`` to ``CPU_CONV_LAYOUT`` for modules that have a conv2d: it
+    carries the layout through the elementwise operations and pools between convolutions,
+    so transposes remain at the model's edges; with bound weights the weight transposes
+    fold away at compile time. (Modules without a convolution are returned as they are:
+    ConvertLayout fails on some of them, e.g. an encoder layer, with std::bad_alloc.)"""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """``mod`` with its convolutions in the channels-last layout."""
+        if not _has_op(mod, "relax.nn.conv2d"):
+            return mod
+        return relax.transform.ConvertLayout(CPU_CONV_LAYOUT)(mod)

@@ -18,7 +18,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .graph import FoldBatchNormIntoConv
+from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv
 from .utils import RelaxTuneError, parse_target
 
 
@@ -66,17 +66,20 @@ def _backend(target: tvm.target.Target):
     raise RelaxTuneError(f"the relax_tune pipeline supports llvm and cuda targets, not {kind!r}")
 
 
-def graph_passes() -> list[tvm.transform.Pass]:
+def graph_passes(target: tvm.target.Target | None = None) -> list[tvm.transform.Pass]:
     """Graph-level work done before any kernel exists, as ONNX Runtime does before its
     kernels run: batch norms after convolutions are folded into the convolutions' weights
     and bias (with bound weights the scale and shift are constants, folded at compile time),
     the remaining batch norms and layer norms are decomposed into arithmetic that fuses into
-    neighbouring kernels, and constants are folded."""
+    neighbouring kernels, convolutions take the channels-last layout on CPU targets
+    (``graph.ChannelsLastConvolutions``), and constants are folded."""
+    cpu = target is not None and target.kind.name == "llvm"
     return [
         relax.transform.FoldConstant(),  # bias reshapes of bound weights become constants
         FoldBatchNormIntoConv(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
+        *([ChannelsLastConvolutions()] if cpu else []),
         relax.transform.FoldConstant(),
     ]
 
@@ -92,7 +95,7 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
     ``lift_transform_params`` moves weight-only work into ``<func>_transform_params``;
     ``cpu_weight_prepack`` marks the weights layout-free (see ``relax_tune_pipeline``)."""
     return [
-        *graph_passes(),
+        *graph_passes(target),
         *([relax.transform.LiftTransformParams()] if lift_transform_params else []),
         *_backend(target).library_dispatch_passes(target),
         relax.transform.LegalizeOps(),

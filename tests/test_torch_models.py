@@ -120,6 +120,23 @@ def test_batch_norm_folds_into_the_convolution(target):
     assert stem and not any(op in n for n in names for op in ("divide", "sqrt", "subtract"))
 
 
+def test_cpu_convolutions_are_channels_last(target):
+    """On CPU every convolution (plain, depthwise, grouped) runs in NHWC/OHWI, the layout
+    whose kernels vectorise along the channels (graph.ChannelsLastConvolutions)."""
+    model = load_model(f"{__file__}:small_cnn")
+    with target:
+        mod = tvm.transform.Sequential(rt.prepare.graph_passes(target))(
+            rt.prepare.bind_params(model.mod, model.params))
+    layouts = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.conv2d":
+            layouts.append((str(expr.attrs.data_layout), str(expr.attrs.kernel_layout)))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    assert layouts and set(layouts) == {("NHWC", "OHWI")}, layouts
+
+
 def test_pt2_archive_through_cli_and_pipeline(target, tmp_path, capsys):
     """``relax-tune tune/compile model.pt2``; the library matches PyTorch, and the pipeline on
     ``load_model(model.pt2)`` finds the CLI's tasks all tuned (nothing new to measure)."""
