@@ -20,7 +20,7 @@ import tvm
 from tvm import relax, tirx
 
 from .config import TuneConfig, make_config
-from .database import Database
+from .database import Database, is_baseline
 from .extract import ExtractedTask, extract_tasks
 from .prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
     _backend, bind_and_fold, bind_params, default_prepack, lower_for_tuning, lowering_passes)
@@ -213,7 +213,7 @@ class ApplyDatabase:
                 logger.warning("%s: no tuning record for target %s; left unchanged", name,
                                target.kind.name)
             return None
-        if len(sch.trace.insts) == 0:
+        if is_baseline(sch):
             # The best record is the untuned function itself (the task's baseline): no tuned
             # schedule beat it, so the function stays exactly as it was.
             self.kept.append(name)
