@@ -194,7 +194,7 @@ def tune_tasks(tasks: Sequence[ExtractedTask], work_dir: str | None = None,
                         enable_bar=cfg.progress_bar)
     deadline = None if cfg.max_time is None else time.monotonic() + cfg.max_time
     for part in (builder, runner):  # worker start-up overlaps the first build
-        if remaining > 0 and hasattr(part, "start"):
+        if remaining > 0:
             part.start()
     try:
         if cfg.measure_baseline and remaining > 0:
@@ -468,10 +468,9 @@ def _time_baseline(target, info: list, artifact: str | None, runner: LocalRunner
                    checker: CorrectnessChecker | None) -> RunResult:
     """Time the untuned function: one call on the check's inputs when it is slow (the call
     also gives the correctness check its reference), else the runner's usual timing."""
-    fetch = getattr(runner, "time_and_fetch", None)
-    if artifact is not None and checker is not None and fetch is not None:
+    if artifact is not None and checker is not None and runner.can_time_and_fetch:
         try:
-            secs = fetch(artifact, info, target, seed=checker.seed)
+            secs = runner.time_and_fetch(artifact, info, target, seed=checker.seed)
         except MeasureError as err:
             if str(err) in (ERROR_TIMEOUT, ERROR_CRASHED):  # would only happen again
                 return RunResult(None, str(err))
