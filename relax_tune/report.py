@@ -112,7 +112,7 @@ def workload_flops(mod: tvm.IRModule) -> float:
 
 
 def task_meta_from_tasks(tasks: Iterable[Any]) -> dict[int, dict]:
-    """Task metadata (as ``read_task_meta``) from ``ExtractedTask`` objects."""
+    """Task metadata (as ``read_task_meta``) from ``Task`` objects."""
     return {int(t.shash): {"name": t.task_name, "weight": int(t.weight)} for t in tasks}
 
 

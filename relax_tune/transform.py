@@ -21,7 +21,7 @@ from tvm import relax, tirx
 
 from .config import TuneConfig, make_config
 from .database import Database, is_baseline
-from .extract import ExtractedTask, extract_tasks
+from .extract import Task, extract_tasks
 from .prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
     _backend, bind_and_fold, bind_params, default_prepack, lower_for_tuning, lowering_passes)
 from .tune import TaskReport, tune_tasks
@@ -135,7 +135,7 @@ class ExtractTasks:
     def __init__(self, target=None, op_names: Sequence[str] | None = None,
                  params: dict | None = None):
         self.target, self.op_names, self.params = target, op_names, params
-        self.tasks: list[ExtractedTask] = []
+        self.tasks: list[Task] = []
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Extract the tasks of ``mod`` and return it unchanged."""

@@ -13,12 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import tvm
-from tvm.s_tir import analysis as s_analysis
 
 from .config import TuneConfig, make_config
 from .cost_model import make_cost_model
 from .database import Database, TuningRecord
-from .extract import ExtractedTask, extract_tasks
+from .extract import Task, extract_tasks
 from .measure import LocalBuilder, LocalRunner, MeasureError, RunResult
 from .measure.base import ERROR_CRASHED, ERROR_TIMEOUT
 from .measure.head_to_head import head_to_head
@@ -27,7 +26,7 @@ from .prepare import bind_and_fold
 from .progress import Progress
 from .scheduler import TaskProgress, make_scheduler
 from .search import Candidate, SearchContext, candidate_key, make_search
-from .utils import FAILED_RUN_SECS, args_info, parse_target
+from .utils import FAILED_RUN_SECS, parse_target
 from .work_dir import check_work_dir, cost_model_dir, logs_dir, open_database, write_task_meta
 
 logger = logging.getLogger("relax_tune.tune")
@@ -80,11 +79,12 @@ class AppliedLatency:
 
 @dataclass
 class TaskReport(AppliedLatency):
-    """What tuning one task produced (also what the demo and the tuning table print)."""
+    """What tuning one task produced (also what the demo and the tuning table print).
 
-    task_name: str
-    weight: int
-    flops: float
+    ``task`` is the extracted ``Task`` itself; ``task_name``, ``weight`` and ``flops`` are
+    read from it."""
+
+    task: Task = field(repr=False)
     trials: int = 0
     failures: int = 0
     best_secs: float | None = None
@@ -94,14 +94,39 @@ class TaskReport(AppliedLatency):
     """Why the task stopped: budget, converged, exhausted, too cheap, time, stopped."""
 
     @property
+    def task_name(self) -> str:
+        """The task's name."""
+        return self.task.task_name
+
+    @property
+    def weight(self) -> int:
+        """The task's call sites in the model."""
+        return self.task.weight
+
+    @property
+    def flops(self) -> float:
+        """Estimated FLOPs of one call of the task's workload."""
+        return self.task.flops
+
+    @property
     def gflops(self) -> float | None:
         """Throughput of the best schedule in GFLOP/s."""
         return self.flops / self.best_secs / 1e9 if self.best_secs and self.flops else None
 
+    def __repr__(self) -> str:
+        return (f"TaskReport(task_name={self.task_name!r}, weight={self.weight}, "
+                f"trials={self.trials}, failures={self.failures}, best_secs={self.best_secs}, "
+                f"baseline_secs={self.baseline_secs}, new_trials={self.new_trials}, "
+                f"status={self.status!r})")
+
 
 @dataclass
 class _TaskState:
-    task: ExtractedTask
+    """Everything this session keeps of one task, around the one ``Task`` object: its
+    report (which carries the task), the scheduler's view and its search (whose context
+    carries the task)."""
+
+    task: Task
     report: TaskReport
     workload: object
     search: object
@@ -118,14 +143,7 @@ class _TaskState:
     the first one was needed, replaced only by a clear winner (see ``_challenge``)."""
 
 
-def _flops(mod: tvm.IRModule) -> float:
-    try:
-        return float(s_analysis.estimate_tir_flops(mod))
-    except Exception:  # estimate_tir_flops rejects some opaque functions; FLOPs are only for display
-        return 0.0
-
-
-def tune_tasks(tasks: Sequence[ExtractedTask], work_dir: str | None = None,
+def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
                config: TuneConfig | None = None, *, database: Database | None = None,
                **options) -> list[TaskReport]:
     """Tune ``tasks`` and commit every measured candidate to the database.
@@ -255,7 +273,7 @@ def _prioritise(states: list[_TaskState], per_task: int) -> None:
     """Set each task's importance for the first round (share of the untuned model time, or
     of FLOPs while any baseline is missing) and leave the tasks at budget inactive."""
     measured = all(st.report.baseline_secs for st in states)
-    weights = [st.report.weight * (st.report.baseline_secs if measured else st.report.flops)
+    weights = [st.task.weight * (st.report.baseline_secs if measured else st.task.flops)
                for st in states]
     total = sum(weights)
     for st, w in zip(states, weights):
@@ -274,7 +292,7 @@ def _judge_shares(states: list[_TaskState], min_share: float) -> None:
              and st.report.applied_secs]
     if len(tried) < 2 or any(st.progress.active and st.progress.rounds == 0 for st in states):
         return  # the first round is not over
-    costs = {id(st): st.report.weight * st.report.applied_secs for st in tried}
+    costs = {id(st): st.task.weight * st.report.applied_secs for st in tried}
     total = sum(costs.values())
     for st in tried:
         share = costs[id(st)] / total if total > 0 else 1.0
@@ -307,12 +325,12 @@ def _after_round(st: _TaskState, per_task: int, window: int) -> None:
         logger.info("%s: converged (no 1%% gain in %d trials)", st.report.task_name, window)
 
 
-def _init_state(index: int, task: ExtractedTask, db: Database, strategy: str,
+def _init_state(index: int, task: Task, db: Database, strategy: str,
                 seed: int, cost_model=None) -> _TaskState:
     workload = db.commit_workload(task.mod)
     records = db.get_records(workload)
     measured = {candidate_key(r.trace_json) for r in records}
-    report = TaskReport(task.task_name, task.weight, _flops(task.mod))
+    report = TaskReport(task)
     best_trace = None
     for rec in records:
         key = candidate_key(rec.trace_json)
@@ -330,8 +348,7 @@ def _init_state(index: int, task: ExtractedTask, db: Database, strategy: str,
     task_seed = (seed * 1_000_003 + index * 7919) % (2**31 - 2) + 1
     warm = sorted(records, key=lambda r: r.mean_run_secs)
     search = make_search(strategy, task.mod, task.target, seed=task_seed,
-                         context=SearchContext(cost_model=cost_model, records=warm,
-                                               task_name=task.task_name))
+                         context=SearchContext(cost_model=cost_model, records=warm, task=task))
     return _TaskState(task, report, workload, search, measured,
                       progress=TaskProgress(weight=task.weight, importance=1.0),
                       best_trace=best_trace)
@@ -343,7 +360,7 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
     """Build, run and commit one batch of one task (None: the untuned function); update its
     report and tell the search how its candidates did."""
     task, report = st.task, st.report
-    info = args_info(task.mod)
+    info = task.args_info
     traces = [None if c is None else c.trace_json for c in cands]
     pending = builder.submit(task.mod, task.target, traces)
     if None not in traces:
