@@ -23,7 +23,7 @@ from .database import (
     UnionDatabase,
     Workload,
 )
-from .extract import ExtractedTask, extract_tasks
+from .extract import ExtractedTask, Task, extract_tasks
 from .model_loader import LoadedModel, load_model
 from .transform import ApplyDatabase, ExtractTasks, TuneIRMod, TuneTIR, relax_tune_pipeline
 from .tune import TaskReport, tune_relax, tune_tasks, tune_tir
@@ -35,7 +35,7 @@ transform.register_pipeline()
 __all__ = [
     "ApplyDatabase", "Database", "ExtractTasks", "ExtractedTask", "JSONDatabase",
     "LoadedModel", "MemoryDatabase", "OrderedUnionDatabase", "RelaxTuneError", "ScheduleFnDatabase",
-    "TaskReport", "TuneConfig", "TuneIRMod", "TuneTIR", "TuningRecord", "UnionDatabase", "Workload",
+    "Task", "TaskReport", "TuneConfig", "TuneIRMod", "TuneTIR", "TuningRecord", "UnionDatabase", "Workload",
     "database", "extract_tasks", "host_target", "load_model", "relax_tune_pipeline", "transform",
     "tune_relax", "tune_tasks", "tune_tir",
 ]

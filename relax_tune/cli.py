@@ -115,6 +115,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _compile(args: argparse.Namespace) -> int:
     import tvm
 
+    from .database import is_baseline
     from .extract import extract_tasks
     from .measure import cross
     from .model_loader import load_model, parse_shape_dict
@@ -131,7 +132,7 @@ def _compile(args: argparse.Namespace) -> int:
     model = load_model(args.model, parse_shape_dict(args.input_shape))
     tasks = extract_tasks(model.lowered(target), target)
     best = [db.query_tuning_record(t.mod, target) for t in tasks]
-    tuned = sum(1 for rec in best if rec is not None and rec.trace_json and rec.trace_json[0])
+    tuned = sum(1 for rec in best if rec is not None and not is_baseline(rec))
     pipeline = model.compile_pipeline(target, args.work_dir, max_trials_global=0)
     ex = tvm.compile(model.mod, target, relax_pipeline=pipeline)
     out = os.path.abspath(args.output)

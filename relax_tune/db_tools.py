@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from .database import Database, TuningRecord
+from .database import Database, TuningRecord, is_baseline
 from .report import WorkloadSummary, short_target, summarize
 from .search import candidate_key
 from .utils import RelaxTuneError
@@ -61,13 +61,12 @@ def prune_database(source: Database, dest: Database, top_k: int = 1,
     stay known and a resumed run does not time it again). Returns the records written."""
     if top_k < 1:
         raise RelaxTuneError(f"--top-k must be at least 1, not {top_k}")
-    baseline = candidate_key([[], []])
     written = 0
     for workload in source.get_all_workloads():
         records = source.get_records(workload)
         keep = {id(r) for r in source.get_top_k(workload, top_k)}
         for record in records:  # commit order: a pruned file still reads as a trial history
-            is_base = candidate_key(record.trace_json) == baseline
+            is_base = is_baseline(record)
             if id(record) in keep or (keep_baseline and is_base and record.is_valid):
                 _copy(record, dest)
                 written += 1
@@ -96,11 +95,10 @@ def export_records_csv(db: Database, summaries: Sequence[WorkloadSummary], path:
     names = {int(s.shash): s.name for s in summaries}
     index = {int(s.shash): s.index for s in summaries}
     trials: dict[int, int] = {}
-    baseline = candidate_key([[], []])
     rows = []
     for record in db.get_all_tuning_records():
         shash = int(record.workload.shash)
-        is_base = candidate_key(record.trace_json) == baseline
+        is_base = is_baseline(record)
         trial = ""
         if not is_base:
             trials[shash] = trials.get(shash, 0) + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -9,9 +10,11 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
+from tvm.s_tir import analysis as s_analysis
 
 from .prepare import bind_and_fold, bind_params  # noqa: F401 (bind_params re-exported)
-from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target, structural_hash
+from .utils import (RelaxTuneError, args_info, dynamic_shape_vars, normalize_mod, parse_target,
+                    structural_hash)
 
 logger = logging.getLogger("relax_tune.extract")
 
@@ -19,8 +22,12 @@ _CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_tir_wit
 
 
 @dataclass
-class ExtractedTask:
+class Task:
     """One tuning task: a normalised single-function workload and where it is used.
+
+    The one object a task is known by from extraction to the report: tuning keeps it in its
+    per-task state, hands it to the measurement protocol, and each ``TaskReport`` carries it
+    (``report.task``).
 
     Attributes
     ----------
@@ -38,6 +45,25 @@ class ExtractedTask:
     weight: int
     shash: int = 0
     func_names: list[str] = field(default_factory=list)
+
+    @functools.cached_property
+    def args_info(self) -> list:
+        """The workload's arguments, ``[["TENSOR", dtype, shape], ...]`` (what measurement
+        makes inputs from and a record stores)."""
+        return args_info(self.mod)
+
+    @functools.cached_property
+    def flops(self) -> float:
+        """Estimated FLOPs of one call of the workload (0 when TVM cannot estimate them; for
+        display only)."""
+        try:
+            return float(s_analysis.estimate_tir_flops(self.mod))
+        except Exception:  # estimate_tir_flops rejects some opaque functions
+            return 0.0
+
+
+ExtractedTask = Task
+"""The former name of ``Task`` (kept for scripts that import it)."""
 
 
 def call_tir_counts(mod: tvm.IRModule) -> dict[str, int]:
@@ -82,7 +108,7 @@ def check_op_names(op_names: Sequence[str] | None, names: Iterable[str]) -> None
 
 
 def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None = None,
-                  params: dict | None = None) -> list[ExtractedTask]:
+                  params: dict | None = None) -> list[Task]:
     """List the tunable tasks of ``mod``.
 
     For a module with Relax functions, a task is a PrimFunc called through ``call_tir``
@@ -121,8 +147,8 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
                        "Run relax.get_pipeline('zero') (or LegalizeOps + FuseOps + FuseTIR) first")
     check_op_names(op_names, [name for name, _, _ in candidates])
 
-    tasks: list[ExtractedTask] = []
-    by_hash: dict[int, list[ExtractedTask]] = {}
+    tasks: list[Task] = []
+    by_hash: dict[int, list[Task]] = {}
     for name, func, weight in candidates:
         if not matches_op_names(name, op_names):
             continue
@@ -142,8 +168,8 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
             same.weight += weight
             same.func_names.append(name)
             continue
-        task = ExtractedTask(task_name=name, mod=workload, target=target, weight=weight,
-                             shash=shash, func_names=[name])
+        task = Task(task_name=name, mod=workload, target=target, weight=weight, shash=shash,
+                    func_names=[name])
         by_hash.setdefault(shash, []).append(task)
         tasks.append(task)
     return tasks

@@ -29,16 +29,13 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import analysis as s_analysis
 
-from .database import Database, JSONDatabase, TuningRecord, Workload
+from .database import Database, JSONDatabase, TuningRecord, Workload, is_baseline
 from .database.json_database import WORKLOAD_FILE
 from .tune import AppliedLatency
-from .search import candidate_key
 from .utils import RelaxTuneError, target_compatible
 from .work_dir import TASK_META_FILE, read_task_meta, write_task_meta  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("relax_tune.report")
-
-_BASELINE_KEY = candidate_key([[], []])  # tune.BASELINE_TRACE: the untuned function
 
 
 @dataclass
@@ -115,7 +112,7 @@ def workload_flops(mod: tvm.IRModule) -> float:
 
 
 def task_meta_from_tasks(tasks: Iterable[Any]) -> dict[int, dict]:
-    """Task metadata (as ``read_task_meta``) from ``ExtractedTask`` objects."""
+    """Task metadata (as ``read_task_meta``) from ``Task`` objects."""
     return {int(t.shash): {"name": t.task_name, "weight": int(t.weight)} for t in tasks}
 
 
@@ -176,7 +173,7 @@ def _add_records(summary: WorkloadSummary, records: Sequence[TuningRecord],
         if name not in summary.targets:
             summary.targets.append(name)
         secs = rec.mean_run_secs if rec.is_valid else None
-        if candidate_key(rec.trace_json) == _BASELINE_KEY:
+        if is_baseline(rec):
             if secs is not None:
                 summary.baseline_secs = secs if summary.baseline_secs is None \
                     else min(summary.baseline_secs, secs)
@@ -321,7 +318,7 @@ def best_schedule_text(s: WorkloadSummary) -> str:
     rec = s.best_record
     if rec is None:
         return "(no valid tuned schedule)"
-    if not rec.trace_json or not rec.trace_json[0]:
+    if is_baseline(rec):
         return "(the untuned function)"
     if rec.check_trace() is None:
         return str(rec.trace)

@@ -20,8 +20,8 @@ import tvm
 from tvm import relax, tirx
 
 from .config import TuneConfig, make_config
-from .database import Database
-from .extract import ExtractedTask, extract_tasks
+from .database import Database, is_baseline
+from .extract import Task, extract_tasks
 from .prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
     _backend, bind_and_fold, bind_params, default_prepack, lower_for_tuning, lowering_passes)
 from .tune import TaskReport, tune_tasks
@@ -135,7 +135,7 @@ class ExtractTasks:
     def __init__(self, target=None, op_names: Sequence[str] | None = None,
                  params: dict | None = None):
         self.target, self.op_names, self.params = target, op_names, params
-        self.tasks: list[ExtractedTask] = []
+        self.tasks: list[Task] = []
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Extract the tasks of ``mod`` and return it unchanged."""
@@ -213,7 +213,7 @@ class ApplyDatabase:
                 logger.warning("%s: no tuning record for target %s; left unchanged", name,
                                target.kind.name)
             return None
-        if len(sch.trace.insts) == 0:
+        if is_baseline(sch):
             # The best record is the untuned function itself (the task's baseline): no tuned
             # schedule beat it, so the function stays exactly as it was.
             self.kept.append(name)

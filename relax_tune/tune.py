@@ -1,52 +1,38 @@
 """Wires the parts together: tasks -> search -> build -> run -> database.
 
-``tune_tasks`` is the engine loop; ``tune_tir`` and ``tune_relax`` are the script-level
-entry points that extract tasks first and return the database.
+``tune_tasks`` is the engine loop: it picks a task, asks its search for a batch, hands the
+batch to the ``Measurer`` (``relax_tune.measure.measurer``: how candidates are built, timed,
+checked and re-timed is decided there) and commits what comes back. ``tune_tir`` and
+``tune_relax`` are the script-level entry points that extract tasks first and return the
+database.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import tvm
-from tvm.s_tir import analysis as s_analysis
 
 from .config import TuneConfig, make_config
 from .cost_model import make_cost_model
-from .database import Database, TuningRecord
-from .extract import ExtractedTask, extract_tasks
-from .measure import LocalBuilder, LocalRunner, MeasureError, RunResult
-from .measure.base import ERROR_CRASHED, ERROR_TIMEOUT
-from .measure.head_to_head import head_to_head
-from .measure.verify import CorrectnessChecker
+from .database import BASELINE_TRACE, Database, TuningRecord, is_baseline
+from .extract import Task, extract_tasks
+from .measure import LocalBuilder, LocalRunner, Measured, Measurer
+from .measure.measurer import Incumbent
 from .prepare import bind_and_fold
 from .progress import Progress
 from .scheduler import TaskProgress, make_scheduler
-from .search import Candidate, SearchContext, candidate_key, make_search
-from .utils import FAILED_RUN_SECS, args_info, parse_target
+from .search import Candidate, SearchContext, SearchStrategy, candidate_key, make_search
+from .utils import parse_target
 from .work_dir import check_work_dir, cost_model_dir, logs_dir, open_database, write_task_meta
 
 logger = logging.getLogger("relax_tune.tune")
 
-BASELINE_TRACE: list = [[], []]
-"""The empty trace: the function as it was before tuning (the task's baseline record)."""
 BASELINE_KEY = candidate_key(BASELINE_TRACE)
-
-_BASELINE_MAX_SECS = 1.0
-"""A candidate slower than this per call is timed once, not repeatedly."""
-_BASELINE_ONE_CALL_SECS = 0.1
-"""An untuned function slower than this per call is timed by one call (it is a baseline for
-the speedup, not a candidate to rank); with the correctness check on, that call also gives
-the check its reference outputs, so the untuned function runs once, not twice."""
-_CLEAR_WIN = 1.5
-"""A would-be best this many times faster than the best so far needs no head-to-head: the
-machine's drift stays well inside it (measured here: up to ~1.3x)."""
-_MAX_CHALLENGES = 4
-"""Head-to-heads per batch at most (later would-be bests keep their own timing)."""
+"""The candidate key of the baseline record (``database.BASELINE_TRACE``)."""
 
 
 class AppliedLatency:
@@ -80,11 +66,12 @@ class AppliedLatency:
 
 @dataclass
 class TaskReport(AppliedLatency):
-    """What tuning one task produced (also what the demo and the tuning table print)."""
+    """What tuning one task produced (also what the demo and the tuning table print).
 
-    task_name: str
-    weight: int
-    flops: float
+    ``task`` is the extracted ``Task`` itself; ``task_name``, ``weight`` and ``flops`` are
+    read from it."""
+
+    task: Task = field(repr=False)
     trials: int = 0
     failures: int = 0
     best_secs: float | None = None
@@ -94,38 +81,52 @@ class TaskReport(AppliedLatency):
     """Why the task stopped: budget, converged, exhausted, too cheap, time, stopped."""
 
     @property
+    def task_name(self) -> str:
+        """The task's name."""
+        return self.task.task_name
+
+    @property
+    def weight(self) -> int:
+        """The task's call sites in the model."""
+        return self.task.weight
+
+    @property
+    def flops(self) -> float:
+        """Estimated FLOPs of one call of the task's workload."""
+        return self.task.flops
+
+    @property
     def gflops(self) -> float | None:
         """Throughput of the best schedule in GFLOP/s."""
         return self.flops / self.best_secs / 1e9 if self.best_secs and self.flops else None
 
+    def __repr__(self) -> str:
+        return (f"TaskReport(task_name={self.task_name!r}, weight={self.weight}, "
+                f"trials={self.trials}, failures={self.failures}, best_secs={self.best_secs}, "
+                f"baseline_secs={self.baseline_secs}, new_trials={self.new_trials}, "
+                f"status={self.status!r})")
+
 
 @dataclass
 class _TaskState:
-    task: ExtractedTask
+    """Everything this session keeps of one task, around the one ``Task`` object: its
+    report (which carries the task), the scheduler's view, its search (whose context carries
+    the task) and the measurement protocol's state."""
+
+    task: Task
     report: TaskReport
     workload: object
-    search: object
+    search: SearchStrategy
     measured: set[str] = field(default_factory=set)
+    """Keys of the candidates in the database (the baseline's is ``BASELINE_KEY``)."""
     progress: TaskProgress = None  # type: ignore[assignment]
+    incumbent: Incumbent = field(default_factory=Incumbent)
+    """What the measurement protocol keeps of the task between batches."""
     best_history: list[float] = field(default_factory=list)
     """Best latency after each trial measured in this run (inf until one is valid)."""
-    best_trace: list | None = None
-    """Trace of the best record."""
-    best_artifact: str | None = None
-    """Its library, when built in this run (built on demand otherwise)."""
-    reference: tuple[str, float] | None = None
-    """(library, recorded secs) of the kernel that head-to-heads compare with: the best when
-    the first one was needed, replaced only by a clear winner (see ``_challenge``)."""
 
 
-def _flops(mod: tvm.IRModule) -> float:
-    try:
-        return float(s_analysis.estimate_tir_flops(mod))
-    except Exception:  # estimate_tir_flops rejects some opaque functions; FLOPs are only for display
-        return 0.0
-
-
-def tune_tasks(tasks: Sequence[ExtractedTask], work_dir: str | None = None,
+def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
                config: TuneConfig | None = None, *, database: Database | None = None,
                **options) -> list[TaskReport]:
     """Tune ``tasks`` and commit every measured candidate to the database.
@@ -169,7 +170,8 @@ def tune_tasks(tasks: Sequence[ExtractedTask], work_dir: str | None = None,
     the task (an earlier best), that many rounds, and recorded as the reference's time times
     the per-round ratios (``relax_tune.measure.head_to_head``). On a machine whose speed
     drifts, the best would otherwise be the candidate measured in the fastest moment, not
-    the fastest candidate.
+    the fastest candidate. The whole measurement protocol (these two, the early cut of slow
+    candidates, the baseline's timing) is ``relax_tune.measure.measurer.Measurer``.
 
     Returns one ``TaskReport`` per task, in the order given.
     """
@@ -185,7 +187,7 @@ def tune_tasks(tasks: Sequence[ExtractedTask], work_dir: str | None = None,
     runner = cfg.runner or LocalRunner()
     for kind_target in {t.target.kind.name: t.target for t in tasks}.values():
         runner.check_target(kind_target)  # e.g. cuda without a GPU: stop before any work
-    checker = CorrectnessChecker(builder, runner) if cfg.check_correctness else None
+    measurer = Measurer(builder, runner, cfg.check_correctness, cfg.head_to_head_rounds)
     model = make_cost_model(cfg.cost_model, work_dir)  # a name, or a CostModel passed through
     states = [_init_state(i, task, db, cfg.strategy, cfg.seed, model)
               for i, task in enumerate(tasks)]
@@ -193,14 +195,13 @@ def tune_tasks(tasks: Sequence[ExtractedTask], work_dir: str | None = None,
     progress = Progress(remaining, logs_dir(work_dir) if work_dir else None,
                         enable_bar=cfg.progress_bar)
     deadline = None if cfg.max_time is None else time.monotonic() + cfg.max_time
-    for part in (builder, runner):  # worker start-up overlaps the first build
-        if remaining > 0 and hasattr(part, "start"):
-            part.start()
+    if remaining > 0:
+        measurer.start()  # worker start-up overlaps the first build
     try:
         if cfg.measure_baseline and remaining > 0:
             for st in states:
                 if BASELINE_KEY not in st.measured:
-                    _measure(st, [None], db, builder, runner, checker)
+                    _measure(st, [None], db, measurer)
         _prioritise(states, per_task)
         rounds_since_table = 0
         while remaining > 0:
@@ -225,7 +226,7 @@ def tune_tasks(tasks: Sequence[ExtractedTask], work_dir: str | None = None,
                 continue
             for cand in cands:
                 st.measured.add(cand.key)
-            _measure(st, cands, db, builder, runner, checker, cfg.head_to_head_rounds)
+            _measure(st, cands, db, measurer)
             remaining -= len(cands)
             _after_round(st, per_task, cfg.convergence_window)
             progress.advance(st.report, len(cands))
@@ -255,7 +256,7 @@ def _prioritise(states: list[_TaskState], per_task: int) -> None:
     """Set each task's importance for the first round (share of the untuned model time, or
     of FLOPs while any baseline is missing) and leave the tasks at budget inactive."""
     measured = all(st.report.baseline_secs for st in states)
-    weights = [st.report.weight * (st.report.baseline_secs if measured else st.report.flops)
+    weights = [st.task.weight * (st.report.baseline_secs if measured else st.task.flops)
                for st in states]
     total = sum(weights)
     for st, w in zip(states, weights):
@@ -274,7 +275,7 @@ def _judge_shares(states: list[_TaskState], min_share: float) -> None:
              and st.report.applied_secs]
     if len(tried) < 2 or any(st.progress.active and st.progress.rounds == 0 for st in states):
         return  # the first round is not over
-    costs = {id(st): st.report.weight * st.report.applied_secs for st in tried}
+    costs = {id(st): st.task.weight * st.report.applied_secs for st in tried}
     total = sum(costs.values())
     for st in tried:
         share = costs[id(st)] / total if total > 0 else 1.0
@@ -307,16 +308,15 @@ def _after_round(st: _TaskState, per_task: int, window: int) -> None:
         logger.info("%s: converged (no 1%% gain in %d trials)", st.report.task_name, window)
 
 
-def _init_state(index: int, task: ExtractedTask, db: Database, strategy: str,
+def _init_state(index: int, task: Task, db: Database, strategy: str,
                 seed: int, cost_model=None) -> _TaskState:
     workload = db.commit_workload(task.mod)
     records = db.get_records(workload)
     measured = {candidate_key(r.trace_json) for r in records}
-    report = TaskReport(task.task_name, task.weight, _flops(task.mod))
+    report = TaskReport(task)
     best_trace = None
     for rec in records:
-        key = candidate_key(rec.trace_json)
-        if key == BASELINE_KEY:
+        if is_baseline(rec):
             if rec.is_valid:
                 report.baseline_secs = rec.mean_run_secs
             continue
@@ -330,156 +330,47 @@ def _init_state(index: int, task: ExtractedTask, db: Database, strategy: str,
     task_seed = (seed * 1_000_003 + index * 7919) % (2**31 - 2) + 1
     warm = sorted(records, key=lambda r: r.mean_run_secs)
     search = make_search(strategy, task.mod, task.target, seed=task_seed,
-                         context=SearchContext(cost_model=cost_model, records=warm,
-                                               task_name=task.task_name))
+                         context=SearchContext(cost_model=cost_model, records=warm, task=task))
     return _TaskState(task, report, workload, search, measured,
                       progress=TaskProgress(weight=task.weight, importance=1.0),
-                      best_trace=best_trace)
+                      incumbent=Incumbent(trace=best_trace))
 
 
 def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
-             builder: LocalBuilder, runner: LocalRunner,
-             checker: CorrectnessChecker | None = None, rounds: int = 0) -> None:
-    """Build, run and commit one batch of one task (None: the untuned function); update its
-    report and tell the search how its candidates did."""
-    task, report = st.task, st.report
-    info = args_info(task.mod)
+             measurer: Measurer) -> None:
+    """Measure one batch of one task (None: the untuned function) and commit it: one record
+    per candidate, the report updated, the search told how its candidates did."""
     traces = [None if c is None else c.trace_json for c in cands]
-    pending = builder.submit(task.mod, task.target, traces)
-    if None not in traces:
-        st.search.prepare(st.measured)  # the next batch's search, while the workers compile
-    builds = pending.result()
-    best = report.best_secs or report.baseline_secs
-    # Cut losses on hopeless candidates: time them once when one call takes over twice the best
-    # (or past a second: such a kernel is timed well enough by one call).
-    max_secs = _BASELINE_MAX_SECS if best is None else min(max(2 * best, 1e-3),
-                                                           _BASELINE_MAX_SECS)
-    if traces == [None]:
-        runs = [_time_baseline(task.target, info, builds[0].artifact_path, runner, checker)]
-    else:
-        runs = runner.run([b.artifact_path for b in builds], info, task.target,
-                          max_secs=max_secs)
-    if checker is not None and None not in traces:  # wrong would-be bests become failures
-        runs = checker.screen(report.task_name, task.mod, task.target, info,
-                              [b.artifact_path for b in builds], runs, report.best_secs)
-    if rounds > 0 and None not in traces:
-        runs = _challenge(st, [b.artifact_path for b in builds], runs, builder, runner,
-                          checker, info, rounds)
+    prepare = None if None in traces else (lambda: st.search.prepare(st.measured))
+    batch = measurer.measure(st.task, traces, st.incumbent, st.report.best_secs,
+                             st.report.baseline_secs, while_building=prepare)
+    _commit(st, cands, batch, db)
+
+
+def _commit(st: _TaskState, cands: list[Candidate | None], batch: list[Measured],
+            db: Database) -> None:
+    task, report = st.task, st.report
     measured_cands, measured_secs = [], []
-    for cand, trace, build, run in zip(cands, traces, builds, runs):
-        ok = build.error is None and run.error is None and run.run_secs
-        run_secs = [float(x) for x in run.run_secs] if ok else [FAILED_RUN_SECS]
-        if not ok:
-            logger.debug("%s: candidate failed: %s", report.task_name, build.error or run.error)
+    for cand, m in zip(cands, batch):
         db.commit_tuning_record(TuningRecord(
-            trace_json=BASELINE_TRACE if trace is None else trace, workload=st.workload,
-            run_secs=run_secs, target=task.target, args_info=info))
-        mean = sum(run_secs) / len(run_secs)
-        if trace is None:
+            trace_json=BASELINE_TRACE if m.trace is None else m.trace, workload=st.workload,
+            run_secs=m.run_secs, target=task.target, args_info=task.args_info))
+        mean = m.mean_secs
+        if m.trace is None:
             st.measured.add(BASELINE_KEY)
-            report.baseline_secs = mean if ok else None
+            report.baseline_secs = mean if m.ok else None
             continue
         measured_cands.append(cand)
         measured_secs.append(mean)
         report.trials += 1
         report.new_trials += 1
-        if not ok:
+        if not m.ok:
             report.failures += 1
         elif report.best_secs is None or mean < report.best_secs:
             report.best_secs = mean
-            st.best_trace, st.best_artifact = trace, build.artifact_path
         st.best_history.append(report.best_secs or float("inf"))
     if measured_cands:
         st.search.update(measured_cands, measured_secs)
-    keep = {st.best_artifact, st.reference[0] if st.reference else None}
-    builder.discard([b.artifact_path for b in builds if b.artifact_path not in keep])
-
-
-def _challenge(st: _TaskState, artifacts: list[str | None], runs: list[RunResult],
-               builder: LocalBuilder, runner: LocalRunner,
-               checker: CorrectnessChecker | None, info: list, rounds: int) -> list[RunResult]:
-    """``runs`` with every would-be best (faster than the best so far by less than
-    ``_CLEAR_WIN``) re-timed head-to-head against the task's reference kernel and recorded
-    in its frame: reference secs x the per-round ratios (``relax_tune.measure.head_to_head``).
-    Up to ``_MAX_CHALLENGES`` per batch, fastest first.
-
-    The reference stays fixed (the best when the first head-to-head was needed) instead of
-    following each winner: chaining ratios would compound the winners' luck, a little per
-    noisy win, into a best far faster than any re-timing. Only a clear winner (timed
-    ``_CLEAR_WIN`` times faster) becomes the new reference, with its own timing: ratios
-    between kernels that far apart are less steady."""
-    task, report = st.task, st.report
-    out = list(runs)
-    best = report.best_secs
-    if best is None or st.best_trace is None:
-        return out
-    if st.reference is None or not os.path.exists(st.reference[0]):
-        incumbent = _incumbent_artifact(st, builder)
-        st.reference = None if incumbent is None else (incumbent, best)
-    screened = True  # the fastest would-be best has passed the correctness screen
-    done: set[int] = set()
-    for _ in range(_MAX_CHALLENGES):
-        pending = [i for i, r in enumerate(out)
-                   if i not in done and r.ok and artifacts[i] and r.mean_secs < best]
-        if not pending or st.reference is None:
-            break
-        i = min(pending, key=lambda j: out[j].mean_secs)
-        done.add(i)
-        if out[i].mean_secs * _CLEAR_WIN < best:
-            best = out[i].mean_secs
-            st.reference = (artifacts[i], best)
-            screened = False
-            continue
-        if not screened and checker is not None:
-            error = checker.check(report.task_name, task.mod, task.target, info, artifacts[i])
-            if error is not None:
-                logger.warning("%s: candidate %d is recorded as failed: %s",
-                               report.task_name, i, error)
-                out[i] = RunResult(None, error, out[i].device)
-                continue
-        screened = False
-        ref_artifact, ref_secs = st.reference
-        ratios = head_to_head(runner, ref_artifact, artifacts[i], info, task.target, rounds)
-        if ratios is None:  # the reference (or the challenger) failed to run: keep its time
-            logger.debug("%s: head-to-head failed; candidate %d keeps its own timing",
-                         report.task_name, i)
-            continue
-        secs = [ref_secs * r for r in ratios]
-        mean = sum(secs) / len(secs)
-        logger.debug("%s: head-to-head of candidate %d: %.4g ms timed, %.4g ms against the "
-                     "reference (%.4g ms)", report.task_name, i, out[i].mean_secs * 1e3,
-                     mean * 1e3, ref_secs * 1e3)
-        out[i] = RunResult(secs, None, out[i].device)
-        best = min(best, mean)
-    return out
-
-
-def _incumbent_artifact(st: _TaskState, builder: LocalBuilder) -> str | None:
-    """The library of the task's best so far: the one built in this run, or built now from
-    its record's trace (a resumed run)."""
-    if st.best_artifact is not None and os.path.exists(st.best_artifact):
-        return st.best_artifact
-    build = builder.build(st.task.mod, st.task.target, [st.best_trace])[0]
-    st.best_artifact = build.artifact_path if build.ok else None
-    return st.best_artifact
-
-
-def _time_baseline(target, info: list, artifact: str | None, runner: LocalRunner,
-                   checker: CorrectnessChecker | None) -> RunResult:
-    """Time the untuned function: one call on the check's inputs when it is slow (the call
-    also gives the correctness check its reference), else the runner's usual timing."""
-    fetch = getattr(runner, "time_and_fetch", None)
-    if artifact is not None and checker is not None and fetch is not None:
-        try:
-            secs = fetch(artifact, info, target, seed=checker.seed)
-        except MeasureError as err:
-            if str(err) in (ERROR_TIMEOUT, ERROR_CRASHED):  # would only happen again
-                return RunResult(None, str(err))
-            logger.debug("untuned function failed its first call: %s", err)  # timed below
-        else:
-            if secs > _BASELINE_ONE_CALL_SECS:
-                return RunResult([secs], None)
-    return runner.run([artifact], info, target, max_secs=_BASELINE_ONE_CALL_SECS)[0]
 
 
 def tune_tir(mod: tvm.IRModule | tvm.tirx.PrimFunc, target=None, work_dir: str | None = None,

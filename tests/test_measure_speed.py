@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 import relax_tune as rt
-from relax_tune import tune, utils
-from relax_tune.database import JSONDatabase
-from relax_tune.measure import LocalBuilder, LocalRunner, MeasureError, RunResult
+from relax_tune import utils
+from relax_tune.database import JSONDatabase, is_baseline
+from relax_tune.measure import LocalBuilder, LocalRunner, MeasureError, Measurer, RunResult
 from relax_tune.measure.head_to_head import head_to_head
+from relax_tune.measure.measurer import Incumbent
 
 from workloads import matmul_mod, tiled_matmul_trace
 
@@ -102,7 +103,7 @@ def test_slow_untuned_function_is_called_once(target, tmp_path):
         assert runner._memo, "the untuned outputs were not kept for the check"
     db = JSONDatabase(work_dir=str(tmp_path))
     records = db.get_records(db.commit_workload(task.mod))
-    base = [r for r in records if not r.trace_json[0]]
+    base = [r for r in records if is_baseline(r)]
     assert len(base) == 1 and base[0].is_valid and len(base[0].run_secs) == 1
     assert base[0].run_secs[0] > 0.1
     assert calls[0] == "time_and_fetch" and calls.count("time_and_fetch") == 1
@@ -142,16 +143,18 @@ def test_lucky_timing_does_not_crown_a_slow_candidate(built, mod256, target, tmp
     fast, slow = built
     info = utils.args_info(mod256)
     task = rt.extract_tasks(mod256, target)[0]
-    st = tune._init_state(0, task, JSONDatabase(work_dir=str(tmp_path)), "replay", 1)
+    # the task's best is on record (a resumed run): only its trace is known, no library
+    incumbent = Incumbent(trace=tiled_matmul_trace(mod256, k_inside_rows=False))
     with LocalBuilder(max_workers=1) as builder, LocalRunner(number=2, repeat=2) as runner:
+        measurer = Measurer(builder, runner, check_correctness=False, head_to_head_rounds=2)
         best = runner.run([fast], info, target)[0].mean_secs
-        st.report.best_secs = best
-        st.best_trace = tiled_matmul_trace(mod256, k_inside_rows=False)
         lucky = [RunResult([0.7 * best], None), RunResult([0.8 * best], None)]
-        out = tune._challenge(st, [slow, fast], lucky, builder, runner, None, info, 2)
-        assert st.best_artifact is not None and st.best_artifact not in built  # rebuilt
+        out = measurer.challenge(task, incumbent, best, [slow, fast], lucky, info)
+        assert incumbent.artifact is not None and incumbent.artifact not in built  # rebuilt
+        assert incumbent.reference == (incumbent.artifact, best)
         assert out[0].mean_secs > 3 * best, (out[0], best)
         assert 0.4 * best < out[1].mean_secs < 2.5 * best, (out[1], best)
-        clear = tune._challenge(st, [slow], [RunResult([best / 3], None)], builder, runner,
-                                None, info, 2)
+        clear = measurer.challenge(task, incumbent, best, [slow], [RunResult([best / 3], None)],
+                                   info)
         assert clear[0].run_secs == [best / 3]
+        assert incumbent.reference == (slow, best / 3)  # a clear winner: the new reference

@@ -84,6 +84,45 @@ def test_packed_weight_candidates_run_remotely(cluster, builder, target):
     assert cluster.free() == 2
 
 
+def test_head_to_head_runs_on_one_server(cluster, builder, target):
+    """A head-to-head through the RPC runner: every run of both kernels, all rounds, in one
+    session on one server, one after another (``run`` would spread them over both servers,
+    timed at once); the ratios still tell the untuned kernel from the tiled one."""
+    from relax_tune.measure.head_to_head import head_to_head
+    from workloads import tiled_matmul_trace
+
+    mod = matmul_mod(128)
+    info = utils.args_info(mod)
+    fast, slow = (b.artifact_path for b in builder.build(
+        mod, target, [tiled_matmul_trace(mod, k_inside_rows=False), None]))
+    seen: list = []
+
+    class Recording(RPCRunner):
+        def run(self, *args, **kwargs):  # a head-to-head must not come through here
+            raise AssertionError("head-to-head went through run()")
+
+        def run_on_one_device(self, *args, **kwargs):
+            results = super().run_on_one_device(*args, **kwargs)
+            seen.extend(results)
+            return results
+
+    with Recording(cluster.tracker, cluster.key, number=2, repeat=2) as runner:
+        assert not runner.one_device and runner.can_fetch and not runner.can_time_and_fetch
+        sessions = runner.stats["sessions"]
+        ratios = head_to_head(runner, fast, slow, info, target, rounds=3)
+        assert ratios is not None and len(ratios) == 3 and min(ratios) > 1, ratios
+        assert runner.stats["sessions"] == sessions + 1  # one session for all six runs
+        assert len(seen) == 6 and all(r.ok for r in seen), seen
+        devices = {r.device for r in seen}
+        assert len(devices) == 1 and devices <= {f"rt-test@127.0.0.1:{p}"
+                                                 for p in cluster.server_ports}, devices
+        # a library that is not there fails alone, the others are still timed
+        mixed = runner.run_on_one_device([fast, "/nonexistent.so", None], info, target)
+        assert mixed[0].ok and not mixed[1].ok and mixed[2].error == "not built"
+        assert head_to_head(runner, fast, "/nonexistent.so", info, target, rounds=1) is None
+    assert cluster.free() == 2
+
+
 def test_tuning_completes_through_rpc(cluster, builder, target, tmp_path):
     mod = matmul_mod(32)
     tasks = extract_tasks(mod, target)

@@ -12,11 +12,12 @@ from .equality import MODULE_EQUALITIES, ModuleEquality
 from .indexed import IndexedDatabase
 from .json_database import TUNING_RECORD_FILE, WORKLOAD_FILE, JSONDatabase
 from .memory import MemoryDatabase
-from .records import TuningRecord, Workload
+from .records import BASELINE_TRACE, TuningRecord, Workload, is_baseline
 from .schedule_fn import ScheduleFnDatabase
 from .union import OrderedUnionDatabase, UnionDatabase
 
 __all__ = [
+    "BASELINE_TRACE",
     "Database",
     "IndexedDatabase",
     "JSONDatabase",
@@ -30,4 +31,5 @@ __all__ = [
     "UnionDatabase",
     "WORKLOAD_FILE",
     "Workload",
+    "is_baseline",
 ]

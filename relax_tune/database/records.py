@@ -37,6 +37,11 @@ from ..utils import (
 
 _LENGTH_PREFIX = struct.Struct("<Q")
 
+BASELINE_TRACE: list = [[], []]
+"""The empty trace: the function as it was before tuning. Tuning records each task's untuned
+function under it (the task's baseline: its time is what speedups are measured against, and
+``ApplyDatabase`` keeps the function unchanged when this record is the best)."""
+
 
 class Workload:
     """A tuning workload: a single-function IRModule and its structural hash.
@@ -345,6 +350,23 @@ class TuningRecord:
             if isinstance(err, RelaxTuneError):
                 raise
             raise RelaxTuneError(f"bad tuning record ({err})") from None
+
+
+def is_baseline(record_or_trace: TuningRecord | list | Trace | Schedule | None) -> bool:
+    """True when ``record_or_trace`` is a task's baseline: the untuned function, a schedule
+    with no instructions (``BASELINE_TRACE``).
+
+    Accepts a ``TuningRecord``, a plain-JSON trace (``[insts, decisions]``), a
+    ``tvm.s_tir.Trace`` or a ``Schedule``. This is the one place that recognises the
+    baseline; everything else (tuning, reports, ``ApplyDatabase``, the database tools, the
+    searches' warm start) asks it."""
+    if isinstance(record_or_trace, TuningRecord):
+        record_or_trace = record_or_trace.trace_json
+    elif isinstance(record_or_trace, Schedule):
+        record_or_trace = record_or_trace.trace
+    if isinstance(record_or_trace, Trace):
+        return len(record_or_trace.insts) == 0
+    return not record_or_trace or not record_or_trace[0]
 
 
 def _first_line(err: BaseException) -> str:

@@ -7,6 +7,8 @@
   at a time, in a persistent worker process (crash- and timeout-isolated).
 - ``RPCRunner``: the same on remote devices through TVM's RPC tracker, one session per
   candidate, spread over every server under a key; lost sessions are retried elsewhere.
+- ``Measurer``: the measurement protocol of a tuning session (build, time, baseline,
+  correctness screen, head-to-head, what a record stores), in ``measure/measurer.py``.
 
 Every candidate gets a result; a failure is a result with ``error`` set (a database record
 stores ``run_secs=[1e10]`` for it, see ``RunResult.secs_for_record``), never an exception.
@@ -23,9 +25,10 @@ from .base import (
 )
 from .local_builder import LocalBuilder
 from .local_runner import LocalRunner
+from .measurer import Measured, Measurer
 from .rpc_runner import RPCRunner, parse_rpc_spec
 
 __all__ = [
     "ERROR_CRASHED", "ERROR_TIMEOUT", "BuildResult", "Builder", "LocalBuilder", "LocalRunner",
-    "MeasureError", "RPCRunner", "RunResult", "Runner", "parse_rpc_spec",
+    "MeasureError", "Measured", "Measurer", "RPCRunner", "RunResult", "Runner", "parse_rpc_spec",
 ]

@@ -1,8 +1,9 @@
-"""Code that runs inside ``RPCRunner``'s worker processes: one RPC session per candidate.
+"""Code that runs inside ``RPCRunner``'s worker processes: one RPC session per call.
 
-Each call asks the tracker for a server under the key, uploads the candidate's library, times
-its ``main`` there and releases the session before returning (the session object is deleted
-and collected, so the server is free again). Only plain data crosses back: the times, an error
+Each call asks the tracker for a server under the key, uploads the candidate's library (or,
+for a head-to-head, every library of the sequence), times its ``main`` there and releases the
+session before returning (the session object is deleted and collected, so the server is free
+again). Only plain data crosses back: the times, an error
 text, the server that measured, and whether the session (not the candidate) failed, which is
 what tells the parent to retry the candidate on another server.
 """
@@ -119,6 +120,89 @@ def rpc_run_candidate(tracker_host: str, tracker_port: int, key: str, priority: 
                 pass
         # release the session: the server serves one session at a time
         module = args = inputs = dev = sess = None  # noqa: F841
+        gc.collect()
+
+
+def rpc_run_sequence(tracker_host: str, tracker_port: int, key: str, priority: int,
+                     session_timeout: float, artifacts: list[str], args_info_json: str,
+                     device_type: int, number: int, repeat: int, min_repeat_ms: int,
+                     cooldown_ms: int, cache_flush: bool, seed: int
+                     ) -> tuple[list[tuple[list[float] | None, str | None]] | None, str | None,
+                                str | None, bool]:
+    """Time ``artifacts``' ``main`` one after another, in order, in one session on one server
+    under ``key`` (what a head-to-head needs). An artifact listed several times is uploaded
+    and loaded once; every timing is a warm-up call and then the time evaluator, as in
+    ``rpc_run_candidate``, on one set of seeded inputs.
+
+    Returns ``(results, error, device, session_lost)``: ``results`` holds ``(run_secs,
+    error)`` per artifact (a candidate that cannot be loaded or fails fails alone), or is
+    None when the session failed as a whole (``error``, ``session_lost`` as in
+    ``rpc_run_candidate``)."""
+    stage = "request"
+    device: str | None = None
+    sess = None
+    names: list[str] = []
+    loaded: dict[str, Any] = {}
+    try:
+        sess, device = _request(tracker_host, tracker_port, key, priority, session_timeout)
+        stage = "load"  # as in rpc_run_candidate: the inputs are made at the load stage
+        dev = sess.device(device_type, 0)
+        inputs = random_inputs(json.loads(args_info_json), dev, seed)
+        for artifact in dict.fromkeys(artifacts):
+            if not os.path.isfile(artifact):
+                loaded[artifact] = f"upload failed: no such file {artifact}"
+                continue
+            stage = "upload"
+            name = f"rt_{os.getpid()}_{len(names)}_{os.path.basename(artifact)}"
+            sess.upload(artifact, target=name)
+            names.append(name)
+            stage = "load"
+            try:
+                module = sess.load_module(name)
+                loaded[artifact] = (module, prepack.packed_args(
+                    module, inputs, prepack.read_plan(artifact), dev))
+            except Exception as err:  # noqa: BLE001 - this candidate's failure, unless lost
+                text = f"{stage} failed: {short_error(err)}"
+                if looks_lost(text):
+                    raise
+                loaded[artifact] = text
+        results: list[tuple[list[float] | None, str | None]] = []
+        for artifact in artifacts:
+            entry = loaded[artifact]
+            if isinstance(entry, str):
+                results.append((None, entry))
+                continue
+            module, args = entry
+            try:
+                stage = "warm-up call"
+                module["main"](*args)
+                dev.sync()
+                stage = "timing"
+                evaluator = module.time_evaluator(
+                    "main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                    cooldown_interval_ms=cooldown_ms,
+                    f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "")
+                results.append(([float(x) for x in evaluator(*args).results], None))
+            except Exception as err:  # noqa: BLE001 - this candidate's failure, unless lost
+                text = f"{stage} failed: {short_error(err)}"
+                if looks_lost(text):
+                    raise
+                results.append((None, text))
+        return results, None, device, False
+    except Exception as err:  # noqa: BLE001 - every failure becomes a result
+        text = f"{stage} failed: {short_error(err)}"
+        lost = stage in ("request", "upload") or looks_lost(text)
+        return None, text, device, lost
+    finally:
+        if sess is not None:
+            for name in names:
+                try:
+                    sess.remove(name)
+                except Exception:  # noqa: BLE001 - the server may be gone; nothing to clean then
+                    break
+        # release the session: the server serves one session at a time
+        loaded.clear()
+        module = args = inputs = dev = sess = evaluator = None  # noqa: F841
         gc.collect()
 
 

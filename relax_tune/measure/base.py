@@ -5,6 +5,10 @@ libraries on a device. Both work in batches and return exactly one result per ca
 order: a failed candidate gets a failed result, it never raises. Only plain data (strings,
 paths, lists of numbers) crosses between them, so a runner on another machine (RPC) can take
 the builder's artifact paths and ``args_info`` as they are.
+
+Everything the measurement protocol (``relax_tune.measure.measurer``) asks of a runner is
+declared on ``Runner``: the methods, and class attributes saying which of the optional ones
+a runner implements (``can_fetch``, ``can_time_and_fetch``, ``one_device``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..utils import FAILED_RUN_SECS
 
@@ -146,9 +150,13 @@ class MeasureError(RuntimeError):
 class Builder:
     """Base class of builders: ``build`` a batch of candidates of one workload.
 
-    Subclasses implement ``build`` and, when they hold resources, ``shutdown``. A builder is a
-    context manager that shuts down on exit.
+    Subclasses implement ``build`` and, when they hold resources, ``start`` and ``shutdown``.
+    A builder is a context manager that shuts down on exit.
     """
+
+    def start(self) -> None:
+        """Start the builder's workers now, without waiting, so that their start-up overlaps
+        other work (tuning calls it once, before the first batch); by default nothing."""
 
     def build(self, workload: Any, target: Any, traces: list[list | None]) -> list[BuildResult]:
         """Build one candidate per trace (``None`` = the workload unscheduled); one result per
@@ -188,10 +196,29 @@ class BuildsDone:
 class Runner:
     """Base class of runners: time a batch of built artifacts on the target's device.
 
-    Subclasses implement ``run`` and, when they hold resources, ``shutdown``. A runner is a
-    context manager that shuts down on exit. A runner works from artifact paths and
-    ``args_info`` only (plain data), so a remote runner can upload the same artifacts.
+    Subclasses implement ``run`` and, when they hold resources, ``start`` and ``shutdown``.
+    A runner is a context manager that shuts down on exit. A runner works from artifact paths
+    and ``args_info`` only (plain data), so a remote runner can upload the same artifacts.
+
+    The optional parts of the interface, and the class attributes that say whether a runner
+    has them (the measurement protocol reads these, never ``hasattr``):
+
+    - ``run_and_fetch`` (``can_fetch``): call once and return the arguments; the correctness
+      check needs it.
+    - ``time_and_fetch`` (``can_time_and_fetch``): the same, timed; a slow untuned function
+      then runs once for both its baseline time and the check's reference.
+    - ``run_on_one_device`` (``one_device`` tells whether ``run`` already is it): time
+      artifacts one after another on one device; a head-to-head needs it.
     """
+
+    can_fetch: ClassVar[bool] = False
+    """``run_and_fetch`` works (the correctness check needs it)."""
+    can_time_and_fetch: ClassVar[bool] = False
+    """``time_and_fetch`` works."""
+    one_device: ClassVar[bool] = True
+    """``run`` times every artifact of a batch on one device, one after another, so
+    ``run_on_one_device`` is ``run``. A runner that spreads a batch over several devices
+    (``RPCRunner``) sets it False and implements ``run_on_one_device`` itself."""
 
     def run(self, artifacts: list[str | None], args_info: list, target: Any,
             max_secs: float | None = None) -> list[RunResult]:
@@ -199,10 +226,38 @@ class Runner:
         artifact, in order; never raises for a failing candidate."""
         raise NotImplementedError
 
+    def run_on_one_device(self, artifacts: list[str | None], args_info: list,
+                          target: Any) -> list[RunResult]:
+        """Time each artifact's ``main`` in order, one after another, all on one device (an
+        artifact may appear several times): what a head-to-head needs, since the point of
+        alternating two kernels is that both see the same device in the same moment.
+        Results as ``run``'s. By default ``run`` for a ``one_device`` runner."""
+        if not self.one_device:
+            raise NotImplementedError(f"{type(self).__name__} spreads a batch over devices; "
+                                      "it must implement run_on_one_device")
+        return self.run(artifacts, args_info, target)
+
+    def run_and_fetch(self, artifact: str, args_info: list, target: Any,
+                      seed: int | None = None) -> list[Any]:
+        """Call ``main`` of ``artifact`` once on fresh seeded random inputs and return every
+        argument afterwards as numpy arrays (see ``LocalRunner.run_and_fetch``). Raises
+        ``MeasureError`` when it cannot. Implemented when ``can_fetch``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot fetch outputs")
+
+    def time_and_fetch(self, artifact: str, args_info: list, target: Any,
+                       seed: int | None = None) -> float:
+        """``run_and_fetch`` once and return the seconds it took (see
+        ``LocalRunner.time_and_fetch``). Implemented when ``can_time_and_fetch``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot time and fetch in one call")
+
     def check_target(self, target: Any) -> None:
         """Raise RelaxTuneError when this runner has no device that can run ``target``
         (called once per session, before any work). Remote runners cannot know before
         they connect and accept every target."""
+
+    def start(self) -> None:
+        """Start the runner's workers now, without waiting, so that their start-up overlaps
+        the first builds; by default nothing."""
 
     def shutdown(self) -> None:
         """Release the runner's workers; idempotent."""

@@ -14,6 +14,10 @@ thread) would otherwise swing a whole round's ratio by 2x or more.
 
 The challenger's record is written in the reference's frame: ``reference_secs * ratio`` for
 each round, so the database keeps ranking every record of the task on one scale.
+
+All rounds run through ``Runner.run_on_one_device``: one device, one kernel at a time (a
+remote runner would otherwise time the two sides of a round on different servers at once).
+When a challenge happens, and what is recorded then, the measurement protocol decides.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def head_to_head(runner: Runner, reference: str, challenger: str, args_info: lis
     artifacts: list[str | None] = []
     for k in range(rounds):
         artifacts += [reference, challenger] if k % 2 == 0 else [challenger, reference]
-    results = runner.run(artifacts, args_info, target)
+    results = runner.run_on_one_device(artifacts, args_info, target)
     if len(results) != len(artifacts) or not all(r.ok for r in results):
         return None
     ratios = []

@@ -76,6 +76,10 @@ class LocalRunner(Runner):
             measurement).
     """
 
+    can_fetch = True
+    can_time_and_fetch = True
+    one_device = True
+
     def __init__(self, timeout_sec: float = 30.0, number: int = 3, repeat: int = 3,
                  min_repeat_ms: int = 5, enable_cpu_cache_flush: bool = False,
                  slow_ratio: float = 2.0, near_ratio: float = 1.25) -> None:

@@ -63,6 +63,11 @@ class RPCRunner(Runner):
     candidate that fails on its own (cannot be loaded, raises) fails at once. Every result says
     which server measured it (``RunResult.device``, ``key@host:port``).
 
+    A head-to-head (``run_on_one_device``) is the exception to one session per candidate: its
+    whole sequence of alternating kernels runs in one session on one server, one kernel at a
+    time, so both sides of every round are timed on the same device (spread over servers,
+    the rounds would compare two machines, timed at once).
+
     Note that TVM's Python RPC server stops serving when a kernel kills its session process
     (segfault); with ``max_retries=1`` a crashing candidate can take down at most two servers.
 
@@ -77,6 +82,10 @@ class RPCRunner(Runner):
         request_timeout_sec: how long to wait for a free server before giving up on a try.
         max_parallel: the most sessions open at once (default: the servers under the key).
     """
+
+    can_fetch = True
+    can_time_and_fetch = False
+    one_device = False  # run spreads a batch over the servers; see run_on_one_device
 
     def __init__(self, tracker: str | None = None, key: str | None = None, *,
                  tracker_host: str | None = None, tracker_port: int | None = None,
@@ -267,6 +276,59 @@ class RPCRunner(Runner):
         logger.debug("timed %d candidates over %d servers in %.2f s", len(todo), n_servers,
                      time.perf_counter() - start)
         return results  # type: ignore[return-value]
+
+    def run_on_one_device(self, artifacts: list[str | None], args_info: list,
+                          target: Any) -> list[RunResult]:
+        """Time each artifact's ``main`` in order, one after another, in one session on one
+        server (``Runner.run_on_one_device``; what a head-to-head needs): each distinct
+        library is uploaded and loaded once, and every timing is a warm-up call and the time
+        evaluator. A lost session retries the whole sequence on a server (``max_retries``);
+        every result names the server that measured it. Never raises for a candidate."""
+        if not artifacts:
+            return []
+        target = parse_target(target)
+        device_type = int(target.get_target_device_type())
+        flush = self.enable_cpu_cache_flush and device_type == 1
+        results: list[RunResult | None] = [
+            RunResult(None, "not built") if a is None else None for a in artifacts]
+        todo = [i for i, a in enumerate(artifacts) if a is not None]
+        if not todo:
+            return results  # type: ignore[return-value]
+        if self._wait_for_servers() == 0:
+            msg = (f"no RPC server registered under key {self.key!r} at tracker {self.tracker} "
+                   f"within {self.request_timeout_sec:g} s")
+            logger.error(msg)
+            return [r or RunResult(None, msg) for r in results]
+        pool = self._get_pool(max(1, self._pool_size))
+        sequence = [artifacts[i] for i in todo]
+        tries = 0
+        while True:
+            tries += 1
+            self.stats["sessions"] += 1
+            future = pool.submit(
+                _rpc_worker.rpc_run_sequence, self.tracker_host, self.tracker_port, self.key,
+                self.priority, self.session_timeout_sec, sequence, json.dumps(args_info),
+                device_type, self.number, self.repeat, self.min_repeat_ms,
+                int(self.cooldown_sec * 1000), flush, self.seed)
+            value, error, device, lost = self._outcome(future)
+            if error is None:
+                for i, (secs, err) in zip(todo, value):
+                    if err is None:
+                        results[i] = RunResult([float(x) for x in secs], None, device)
+                    else:
+                        self.stats["failed"] += 1
+                        results[i] = RunResult(None, err, device)
+                return results  # type: ignore[return-value]
+            if not lost or tries > self.max_retries:
+                break
+            logger.warning("a sequence of %d runs lost its session on %s (%s); retrying",
+                           len(sequence), device or "a server", error)
+            self.stats["retries"] += 1
+        if lost:
+            error = f"{error} (session lost {tries} times)"
+        logger.debug("sequence failed on %s: %s", device, error)
+        self.stats["failed"] += len(todo)
+        return [r or RunResult(None, error, device) for r in results]
 
     def run_and_fetch(self, artifact: str, args_info: list, target: Any,
                       seed: int | None = None) -> list[np.ndarray]:

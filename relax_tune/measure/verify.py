@@ -60,8 +60,8 @@ class CorrectnessChecker:
 
     def __init__(self, builder: Builder, runner: Runner, seed: int = 7, rtol: float = 1e-3,
                  atol: float = 1e-3) -> None:
-        if not hasattr(runner, "run_and_fetch"):
-            raise TypeError(f"{type(runner).__name__} has no run_and_fetch: it cannot be used "
+        if not runner.can_fetch:
+            raise TypeError(f"{type(runner).__name__} cannot run_and_fetch: it cannot be used "
                             "to check results (pass check_correctness=False)")
         self.builder, self.runner = builder, runner
         self.seed, self.rtol, self.atol = int(seed), float(rtol), float(atol)

@@ -42,12 +42,19 @@ class SearchContext:
             or None for strategies that do not use one.
         records: the task's tuning records already in the database (warm start; failures
             included), best first.
-        task_name: the task's name, for logs.
+        task_name: the task's name, for logs (the task's when only ``task`` is given).
+        task: the task being searched (``relax_tune.extract.Task``: name, weight, workload),
+            or None when a search is used on its own.
     """
 
     cost_model: Any = None
     records: list = field(default_factory=list)
     task_name: str = ""
+    task: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.task_name and self.task is not None:
+            self.task_name = self.task.task_name
 
 
 class SearchStrategy:

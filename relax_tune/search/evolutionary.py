@@ -30,6 +30,7 @@ import tvm
 from tvm.s_tir import Schedule, Trace
 
 from ..cost_model.features import N_FEATURES, extract_features
+from ..database.records import is_baseline
 from ..space import sketch_part, space_for_target, without_decisions
 from ..space.params import target_params
 from ..utils import FAILED_RUN_SECS, schedule_from_json, structural_hash, trace_to_json
@@ -137,7 +138,7 @@ class EvolutionarySearch(SearchStrategy):
         rows, secs, keys = [], [], []
         for rec in records:
             trace_json = getattr(rec, "trace_json", None)
-            if not trace_json or not trace_json[0]:
+            if is_baseline(trace_json):
                 continue  # the untuned baseline: nothing to mutate
             key = candidate_key(trace_json)
             self._returned.add(key)
