@@ -55,6 +55,13 @@ def batch_matmul() -> Zoo:
     return _mod(a, b, topi.nn.batch_matmul(a, b)), lambda x, y: x @ y.transpose(0, 2, 1)
 
 
+def batch_matmul_prime() -> Zoo:
+    """Attention scores of a ViT: a token count that is prime and over the innermost tile
+    bound (197 there), so no perfect tile reaches the register minimum."""
+    a, b = _ph((2, 67, 16), "A"), _ph((2, 67, 16), "B")
+    return _mod(a, b, topi.nn.batch_matmul(a, b)), lambda x, y: x @ y.transpose(0, 2, 1)
+
+
 def _conv_ref_nchw(x, w, pad):
     kh, kw = w.shape[2:]
     xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
@@ -173,7 +180,7 @@ def concatenate() -> Zoo:
 
 
 ZOO: dict[str, Callable[[], Zoo]] = {f.__name__: f for f in (
-    matmul_square, matmul_skinny, dense, batch_matmul, conv2d_nchw, conv2d_nhwc,
+    matmul_square, matmul_skinny, dense, batch_matmul, batch_matmul_prime, conv2d_nchw, conv2d_nhwc,
     depthwise_conv2d, conv2d_bias_relu, max_pool2d, avg_pool2d, softmax, layer_norm, row_sum,
     full_sum, col_max, elementwise_chain, transpose, concatenate)}
 

@@ -195,7 +195,7 @@ class LimitRegisterTile(Postproc):
     loop updates: their element count, in SIMD registers of the written type, must not
     exceed ``vector_registers - reserved`` (the rest holds the broadcast and loaded
     operands); otherwise every update spills. It must not be below ``min_registers`` either
-    (or the block's whole spatial extent, when that is smaller): a single accumulator chain
+    (or the largest tile the block's extents allow, when that is smaller): a single accumulator chain
     waits on the FMA latency every update. Rejected samples are simply redrawn, so this
     biases random sampling toward sane register tiles without constraining each tile alone.
     """
@@ -238,7 +238,8 @@ class LimitRegisterTile(Postproc):
         """(SIMD lanes of the written type, the loops of the register tile, elements of the
         whole spatial output) of every tiled reduction block. Reads the IR only: schedule
         queries would be recorded in the trace (in the sketch part, during ``precheck``)."""
-        for blk, inner, whole in _register_tiles(sch.mod[A.func_name_of(sch)].body):
+        body = sch.mod[A.func_name_of(sch)].body
+        for blk, inner, whole in _register_tiles(body, self.params.max_innermost_generic):
             yield self.params.lanes(A._buffer_dtype(blk.writes[0].source)), inner, whole
 
 
@@ -250,15 +251,22 @@ def _updates(blk) -> bool:
     return any(r.source.same_as(out) for r in blk.reads)
 
 
-def _register_tiles(stmt, loops: tuple = ()):
-    """(block, register-tile loops, whole spatial output elements) of every tiled reduction
-    block under ``stmt`` (an update after decomposition included). The register tile is the
-    spatial loops inside the block's last reduction loop; ``loops``: the enclosing Fors."""
+def _largest_divisor(extent: int, bound: int) -> int:
+    return max((d for d in range(1, min(extent, bound) + 1) if extent % d == 0), default=1)
+
+
+def _register_tiles(stmt, max_inner: int, loops: tuple = ()):
+    """(block, register-tile loops, reachable elements) of every tiled reduction block under
+    ``stmt`` (an update after decomposition included). The register tile is the spatial
+    loops inside the block's last reduction loop; ``loops``: the enclosing Fors. Reachable
+    elements: the largest register tile perfect tiles can give (per spatial axis its largest
+    divisor up to ``max_inner``): with prime extents such as a ViT's 197 tokens it is tiny,
+    and no sample could meet the minimum."""
     if isinstance(stmt, tvm.tirx.For):
-        yield from _register_tiles(stmt.body, loops + (stmt,))
+        yield from _register_tiles(stmt.body, max_inner, loops + (stmt,))
     elif isinstance(stmt, tvm.tirx.SeqStmt):
         for child in stmt.seq:
-            yield from _register_tiles(child, loops)
+            yield from _register_tiles(child, max_inner, loops)
     elif isinstance(stmt, tvm.s_tir.SBlockRealize):
         blk = stmt.block
         if ANN_TILED in blk.annotations and (blk.init is not None or _updates(blk)):
@@ -266,7 +274,7 @@ def _register_tiles(stmt, loops: tuple = ()):
             whole = 1
             for iv, value in zip(blk.iter_vars, stmt.iter_values):
                 if int(iv.iter_type) == A.DATA_PAR:
-                    whole *= A._const_int(iv.dom.extent) or 1
+                    whole *= _largest_divisor(A._const_int(iv.dom.extent) or 1, max_inner)
                 else:
                     reduce_vars |= set(tvm.tirx.analysis.undefined_vars(value))
             inner: list = []
@@ -275,6 +283,6 @@ def _register_tiles(stmt, loops: tuple = ()):
                     break
                 inner.insert(0, loop)
             yield blk, inner, whole
-        yield from _register_tiles(blk.body, ())
+        yield from _register_tiles(blk.body, max_inner, ())
     elif hasattr(stmt, "body") and isinstance(getattr(stmt, "body"), tvm.tirx.Stmt):
-        yield from _register_tiles(stmt.body, loops)
+        yield from _register_tiles(stmt.body, max_inner, loops)
