@@ -142,8 +142,14 @@ def test_pipeline_tunes_when_given_trials(target, tmp_path):
     pipe = relax.get_pipeline("relax_tune", target=target, work_dir=str(tmp_path),
                               max_trials_global=2, op_names=["transpose1"], **SMALL)
     ex = tvm.compile(mod, target, relax_pipeline=pipe)
-    assert ex is not None
-    assert len(rt.JSONDatabase(work_dir=str(tmp_path))) >= 2  # baseline + trials
+    inputs = demo_inputs(params)
+    got = relax.VirtualMachine(ex, tvm.cpu())["forward"](
+        *[tvm.runtime.tensor(x) for x in inputs]).numpy()
+    x, w1, b1, w2 = inputs
+    np.testing.assert_allclose(got, np.maximum(x @ w1.T + b1, 0) @ w2.T, rtol=1e-4, atol=1e-4)
+    records = rt.JSONDatabase(work_dir=str(tmp_path)).get_all_tuning_records()
+    # the pipeline did tune (a transpose's space may hold a single program: 1 or 2 trials)
+    assert 1 <= sum(1 for r in records if r.trace_json[0]) <= 2
 
 
 def test_tune_tir_shares_one_budget(target, tmp_path):
@@ -156,8 +162,9 @@ def test_tune_tir_shares_one_budget(target, tmp_path):
     tune = rt.TuneTIR(work_dir=str(tmp_path), max_trials_global=4, **SMALL)
     with target:
         tune(mod)
-    assert sum(r.trials for r in tune.reports) <= 4
+    assert sum(r.trials for r in tune.reports) == 4  # one budget, spent once over both
     assert {r.task_name for r in tune.reports} == {"f", "g"}
+    assert all(r.trials >= 1 for r in tune.reports)
 
 
 def test_work_dir_that_is_a_file_is_a_clear_error(demo, target, tmp_path):
