@@ -186,41 +186,6 @@ def make_model(name: str, small: bool):
     raise ValueError(name)
 
 
-def import_relax(model, inputs):
-    """torch.export -> Relax (``main``; weights as inputs) -> ``(mod, {param name: array})``."""
-    import torch
-    from tvm.relax.frontend import detach_params
-    from tvm.relax.frontend.torch import from_exported_program
-
-    ep = torch.export.export(model, inputs)
-    mod = from_exported_program(ep, keep_params_as_input=True, unwrap_unit_return_tuple=True)
-    mod, weights = detach_params(mod)
-    params: dict[str, np.ndarray] = {}
-    for fname, arrays in weights.items():
-        func = mod[fname]
-        num_input = int(func.attrs["num_input"])
-        for var, array in zip(func.params[num_input:], arrays, strict=True):
-            params[var.name] = array.numpy()
-    return mod, params
-
-
-def lowered_for_tasks(mod, params, target):
-    """The model with its weights bound, lowered exactly as the "relax_tune" pipeline lowers
-    it before tuning (so its tasks are the pipeline's): ``LoadedModel.lowered``."""
-    from relax_tune.model_loader import LoadedModel
-
-    return LoadedModel(mod, params, "bench").lowered(target)
-
-
-def bind_weights(mod, params):
-    """``mod`` with ``params`` bound as constants, as the "relax_tune" pipeline binds them."""
-    try:
-        from relax_tune.prepare import bind_params
-    except ImportError:  # before relax_tune.prepare existed
-        from relax_tune.extract import bind_params
-    return bind_params(mod, params)
-
-
 def relax_tune_graph_passes(target) -> list:
     """relax_tune's graph passes for ``target`` (batch norm folded into convolutions,
     channels-last convolutions on CPU, ...)."""
@@ -275,8 +240,10 @@ def compile_untuned(mod, params, target):
     import tvm
     from tvm import relax
 
+    from relax_tune.prepare import bind_params
+
     with target:
-        zero = relax.get_pipeline("zero")(bind_weights(mod, params))
+        zero = relax.get_pipeline("zero")(bind_params(mod, params))
     return tvm.compile(zero, target)
 
 
@@ -292,6 +259,8 @@ def compile_metaschedule(mod, params, target, work_dir: str, trials: int, per_ro
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
+    from relax_tune.prepare import bind_params
+
     with target:
         lowered = tvm.transform.Sequential([
             *(relax_tune_graph_passes(target) if same_graph else []),
@@ -299,7 +268,7 @@ def compile_metaschedule(mod, params, target, work_dir: str, trials: int, per_ro
             relax.transform.CanonicalizeBindings(),
             relax.get_pipeline("zero"),
             relax.transform.AttachAttrLayoutFreeBuffers(),
-        ])(bind_weights(mod, params))
+        ])(bind_params(mod, params))
         if trials > 0:
             ms.relax_integration.tune_relax(
                 lowered, {}, target, work_dir, trials, num_trials_per_iter=per_round,
@@ -317,13 +286,15 @@ def metaschedule_tasks(mod, params, target, same_graph: bool = False) -> int:
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
+    from relax_tune.prepare import bind_params
+
     with target:
         lowered = tvm.transform.Sequential([
             *(relax_tune_graph_passes(target) if same_graph else []),
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
             relax.get_pipeline("zero"),
-        ])(bind_weights(mod, params))
+        ])(bind_params(mod, params))
     return len(ms.relax_integration.extract_tasks(lowered, target))
 
 
@@ -401,6 +372,7 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     from tvm import relax
 
     import relax_tune as rt
+    from relax_tune.model_loader import from_torch
 
     model, inputs, desc = make_model(name, args.small)
     inputs_np = [t.numpy() for t in inputs]
@@ -433,8 +405,9 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     # Relax import, task count
     log(f"{name}: torch.export -> Relax")
     start = time.perf_counter()
-    mod, params = import_relax(model, inputs)
-    tasks = rt.extract_tasks(lowered_for_tasks(mod, params, target), target)
+    loaded = from_torch(model, name, inputs)  # the loader users get (relax_tune.load_model)
+    mod, params = loaded.mod, loaded.params
+    tasks = rt.extract_tasks(loaded.lowered(target), target)  # the pipeline's tasks
     n_tasks = len(tasks)
     info = (f"{name} ({desc}): {len(params)} weight tensors, "
             f"{sum(a.size for a in params.values()) / 1e6:.2f} M parameters, "

@@ -57,7 +57,9 @@ def bind_and_fold(mod: tvm.IRModule, params: dict | None, target: Any = None) ->
         return relax.transform.FoldConstant()(bind_params(mod, params))
 
 
-def _backend(target: tvm.target.Target):
+def backend_pipeline(target: tvm.target.Target):
+    """TVM's backend pipeline module of the target kind (its library dispatch, dataflow
+    lowering and finalize passes); RelaxTuneError for a kind relax_tune does not compile."""
     kind = target.kind.name
     if kind == "llvm":
         return relax.backend.cpu_generic.pipeline
@@ -97,7 +99,7 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
     return [
         *graph_passes(target),
         *([relax.transform.LiftTransformParams()] if lift_transform_params else []),
-        *_backend(target).library_dispatch_passes(target),
+        *backend_pipeline(target).library_dispatch_passes(target),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

@@ -23,7 +23,7 @@ from .config import TuneConfig, make_config
 from .database import Database, is_baseline
 from .extract import Task, extract_tasks
 from .prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
-    _backend, bind_and_fold, bind_params, default_prepack, lower_for_tuning, lowering_passes)
+    backend_pipeline, bind_params, default_prepack, lower_for_tuning, lowering_passes)
 from .tune import TaskReport, tune_tasks
 from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target
 from .work_dir import check_work_dir, open_for_apply
@@ -37,7 +37,7 @@ def _tune_module(mod: tvm.IRModule, target, work_dir, database, params,
     A user's mistake (RelaxTuneError) stops the compilation; an internal failure is logged
     and the compilation goes on with the records written so far."""
     target = parse_target(target)
-    tasks = extract_tasks(bind_and_fold(mod, params, target), target, op_names=config.op_names)
+    tasks = extract_tasks(mod, target, op_names=config.op_names, params=params)
     if not tasks:
         logger.warning("nothing to tune: no static-shape TIR function found")
         return []
@@ -139,8 +139,7 @@ class ExtractTasks:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Extract the tasks of ``mod`` and return it unchanged."""
-        self.tasks = extract_tasks(bind_and_fold(mod, self.params, self.target), self.target,
-                                   op_names=self.op_names)
+        self.tasks = extract_tasks(mod, self.target, op_names=self.op_names, params=self.params)
         return mod
 
 
@@ -295,7 +294,7 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
     @tvm.transform.module_pass(opt_level=0, name="relax_tune.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = parse_target(target)
-        backend = _backend(tgt)
+        backend = backend_pipeline(tgt)
         prepack = default_prepack(tgt, params, lift_transform_params) \
             if cpu_weight_prepack is None else cpu_weight_prepack
         # Lifting before tuning makes the tasks those of the bound model (weight-only work

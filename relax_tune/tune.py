@@ -22,7 +22,6 @@ from .database import BASELINE_TRACE, Database, TuningRecord, is_baseline
 from .extract import Task, extract_tasks
 from .measure import LocalBuilder, LocalRunner, Measured, Measurer
 from .measure.measurer import Incumbent
-from .prepare import bind_and_fold
 from .progress import Progress
 from .scheduler import TaskProgress, make_scheduler
 from .search import Candidate, SearchContext, SearchStrategy, candidate_key, make_search
@@ -183,10 +182,10 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
         write_task_meta(work_dir, tasks)
     scheduler = make_scheduler(cfg.task_scheduler, cfg.seed)
     per_task = cfg.per_task_budget
-    builder = cfg.builder or LocalBuilder()
     runner = cfg.runner or LocalRunner()
     for kind_target in {t.target.kind.name: t.target for t in tasks}.values():
         runner.check_target(kind_target)  # e.g. cuda without a GPU: stop before any work
+    builder = cfg.builder or LocalBuilder()  # after the check: it makes a temporary folder
     measurer = Measurer(builder, runner, cfg.check_correctness, cfg.head_to_head_rounds)
     model = make_cost_model(cfg.cost_model, work_dir)  # a name, or a CostModel passed through
     states = [_init_state(i, task, db, cfg.strategy, cfg.seed, model)
@@ -275,10 +274,10 @@ def _judge_shares(states: list[_TaskState], min_share: float) -> None:
              and st.report.applied_secs]
     if len(tried) < 2 or any(st.progress.active and st.progress.rounds == 0 for st in states):
         return  # the first round is not over
-    costs = {id(st): st.task.weight * st.report.applied_secs for st in tried}
-    total = sum(costs.values())
-    for st in tried:
-        share = costs[id(st)] / total if total > 0 else 1.0
+    costs = [st.task.weight * st.report.applied_secs for st in tried]
+    total = sum(costs)
+    for st, cost in zip(tried, costs):
+        share = cost / total if total > 0 else 1.0
         st.progress.importance = share
         if st.progress.active and share < min_share:
             _finish(st, "too cheap")
@@ -395,12 +394,12 @@ def tune_relax(mod: tvm.IRModule, params: dict | None, target=None,
                work_dir: str | None = None, config: TuneConfig | None = None, *,
                database: Database | None = None, **options) -> Database:
     """Tune the TIR functions called from a legalized Relax module; ``params`` are bound
-    and what depends only on them folded first (``prepare.bind_and_fold``), as
+    and what depends only on them folded first (``extract_tasks(params=)``), as
     ``TuneIRMod`` does. ``config``/``options`` as in ``tune_tasks``. Returns the database
     the records were written to."""
     cfg = make_config(config, **options)
     target = parse_target(target)
-    tasks = extract_tasks(bind_and_fold(mod, params, target), target, op_names=cfg.op_names)
+    tasks = extract_tasks(mod, target, op_names=cfg.op_names, params=params)
     db = open_database(work_dir, database)
     tune_tasks(tasks, work_dir, cfg, database=db)
     return db

@@ -67,6 +67,16 @@ def looks_lost(error: str) -> bool:
     return any(marker in low for marker in _LOST_MARKERS)
 
 
+def _time_main(module: Any, dev: Any, args: list, number: int, repeat: int,
+               min_repeat_ms: int, cooldown_ms: int, cache_flush: bool) -> list[float]:
+    """``repeat`` timings of ``main`` on the server by the runtime's time evaluator."""
+    evaluator = module.time_evaluator(
+        "main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+        cooldown_interval_ms=cooldown_ms,
+        f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "")
+    return [float(x) for x in evaluator(*args).results]
+
+
 def rpc_run_candidate(tracker_host: str, tracker_port: int, key: str, priority: int,
                       session_timeout: float, artifact: str, args_info_json: str,
                       device_type: int, number: int, repeat: int, min_repeat_ms: int,
@@ -103,11 +113,8 @@ def rpc_run_candidate(tracker_host: str, tracker_port: int, key: str, priority: 
         first = float(first_eval(*args).mean)
         if max_secs is not None and first > max_secs:
             return [first], None, device, False
-        evaluator = module.time_evaluator(
-            "main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
-            cooldown_interval_ms=cooldown_ms,
-            f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "")
-        return [float(x) for x in evaluator(*args).results], None, device, False
+        return _time_main(module, dev, args, number, repeat, min_repeat_ms, cooldown_ms,
+                          cache_flush), None, device, False
     except Exception as err:  # noqa: BLE001 - every failure becomes a result
         text = f"{stage} failed: {short_error(err)}"
         lost = stage in ("request", "upload") or looks_lost(text)
@@ -178,11 +185,8 @@ def rpc_run_sequence(tracker_host: str, tracker_port: int, key: str, priority: i
                 module["main"](*args)
                 dev.sync()
                 stage = "timing"
-                evaluator = module.time_evaluator(
-                    "main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
-                    cooldown_interval_ms=cooldown_ms,
-                    f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "")
-                results.append(([float(x) for x in evaluator(*args).results], None))
+                results.append((_time_main(module, dev, args, number, repeat, min_repeat_ms,
+                                           cooldown_ms, cache_flush), None))
             except Exception as err:  # noqa: BLE001 - this candidate's failure, unless lost
                 text = f"{stage} failed: {short_error(err)}"
                 if looks_lost(text):
@@ -202,7 +206,7 @@ def rpc_run_sequence(tracker_host: str, tracker_port: int, key: str, priority: i
                     break
         # release the session: the server serves one session at a time
         loaded.clear()
-        module = args = inputs = dev = sess = evaluator = None  # noqa: F841
+        module = args = inputs = dev = sess = None  # noqa: F841
         gc.collect()
 
 
