@@ -18,6 +18,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from .fast_math import FastMath
 from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv
 from .utils import RelaxTuneError, parse_target
 
@@ -89,7 +90,7 @@ def graph_passes(target: tvm.target.Target | None = None) -> list[tvm.transform.
 def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = False,
                     cpu_weight_prepack: bool = False) -> list[tvm.transform.Pass]:
     """The passes the "relax_tune" pipeline runs before tuning (graph passes, legalize,
-    fuse, FuseTIR).
+    fuse, FuseTIR, and on CPU targets vectorisable exp/erf/tanh/sigmoid: ``FastMath``).
 
     A model lowered with them (inside ``with target:``, after ``bind_params`` when the
     pipeline gets ``params``) has exactly the tasks the pipeline tunes and applies, so tuning
@@ -105,6 +106,7 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
+        *([FastMath()] if target.kind.name == "llvm" else []),
         *([relax.transform.AttachAttrLayoutFreeBuffers()] if cpu_weight_prepack else []),
     ]
 

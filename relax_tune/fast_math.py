@@ -1,0 +1,136 @@
+"""Vectorisable float32 ``exp``, ``erf``, ``tanh`` and ``sigmoid`` for CPU kernels.
+
+LLVM has no vector form of these functions: a vectorised ``exp`` becomes one libm call per
+lane, and TVM's ``erf`` lowering is slower still (measured on a 197x768 float32 tensor, 2
+threads, AMD Zen 4: ``exp`` 0.24 ms, ``erf`` 1.9 ms, a multiply 0.007 ms). They sit in the
+softmax, GELU, SiLU and sigmoid of every transformer and many CNNs, and no schedule can make
+a scalar call vectorise. ONNX Runtime (MLAS) and PyTorch (Sleef) evaluate them with
+polynomial approximations in vector registers; ``FastMath`` rewrites every float32 call in
+the module's PrimFuncs into such arithmetic before tuning, so the tasks are tuned and
+applied with it:
+
+- ``exp``: Cephes' ``expf`` (range reduction by ln 2 in two parts, degree-5 polynomial,
+  2^n built in the exponent bits); inputs clamped to [-88.38, 88.38] (exp(-inf) = 0).
+- ``erf``, ``tanh``: Eigen's rational approximations (the ones TVM's ``topi.fast_erf`` and
+  ``fast_tanh`` use), inputs clamped to [-4, 4] and [-9, 9].
+- ``sigmoid(x)`` = 1 / (1 + exp(-x)) with the ``exp`` above.
+
+All agree with libm to a few float32 ulps (tested in tests/test_fast_math.py).
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+F32 = "float32"
+
+_EXP_P = [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+          1.6666665459e-1, 5.0000001201e-1]
+_ERF_ALPHA = [-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+              -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+              -1.60960333262415e-02]
+_ERF_BETA = [-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+             -7.37332916720468e-03, -1.42647390514189e-02]
+_TANH_ALPHA = [-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+               5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+               4.89352455891786e-03]
+_TANH_BETA = [1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+              4.89352518554385e-03]
+
+
+def _c(value: float) -> tirx.PrimExpr:
+    return tirx.const(value, F32)
+
+
+def _horner(x: tirx.PrimExpr, coeffs: list[float]) -> tirx.PrimExpr:
+    """coeffs[0] * x^(n-1) + ... + coeffs[-1]."""
+    out = _c(coeffs[0])
+    for c in coeffs[1:]:
+        out = out * x + _c(c)
+    return out
+
+
+def _let(value: tirx.PrimExpr, name: str, body) -> tirx.PrimExpr:
+    """``body(v)`` with ``value`` evaluated once as ``v``."""
+    if isinstance(value, (tirx.Var, tirx.FloatImm)):
+        return body(value)
+    var = tirx.Var(name, F32)
+    return tirx.Let(var, value, body(var))
+
+
+def _clamp(x: tirx.PrimExpr, lo: float, hi: float) -> tirx.PrimExpr:
+    return tirx.max(tirx.min(x, _c(hi)), _c(lo))
+
+
+def fast_exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """float32 e^x as vectorisable arithmetic (Cephes expf)."""
+    def body(xc):
+        n = tirx.floor(xc * _c(1.44269504088896341) + _c(0.5))
+
+        def reduced(nv):
+            def poly(r):
+                pow2n = tirx.reinterpret(F32, tirx.shift_left(
+                    tirx.Cast("int32", nv) + tirx.const(127, "int32"), tirx.const(23, "int32")))
+                return (_horner(r, _EXP_P) * r * r + r + _c(1.0)) * pow2n
+            # x - n ln2, ln2 in two parts so the reduction stays exact
+            return _let(xc - nv * _c(0.693359375) + nv * _c(2.12194440e-4), "fm_r", poly)
+        return _let(n, "fm_n", reduced)
+    return _let(_clamp(x, -88.3762626647949, 88.3762626647949), "fm_x", body)
+
+
+def fast_erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """float32 erf(x) as a rational approximation (Eigen)."""
+    def body(xc):
+        def frac(x2):
+            return xc * _horner(x2, _ERF_ALPHA) / _horner(x2, _ERF_BETA)
+        return _let(xc * xc, "fm_x2", frac)
+    return _let(_clamp(x, -4.0, 4.0), "fm_x", body)
+
+
+def fast_tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """float32 tanh(x) as a rational approximation (Eigen)."""
+    def body(xc):
+        def frac(x2):
+            return xc * _horner(x2, _TANH_ALPHA) / _horner(x2, _TANH_BETA)
+        return _let(xc * xc, "fm_x2", frac)
+    return _let(_clamp(x, -9.0, 9.0), "fm_x", body)
+
+
+def fast_sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """float32 1 / (1 + e^-x) with ``fast_exp``."""
+    return _c(1.0) / (_c(1.0) + fast_exp(_c(0.0) - x))
+
+
+_REWRITES = {"tirx.exp": fast_exp, "tirx.erf": fast_erf, "tirx.tanh": fast_tanh,
+             "tirx.sigmoid": fast_sigmoid}
+
+
+def _rewrite_call(call: tvm.ir.expr.Call):
+    op = getattr(call, "op", None)
+    rewrite = _REWRITES.get(getattr(op, "name", None))
+    if rewrite is None or len(call.args) != 1 or str(call.ty) != F32:
+        return call
+    return rewrite(call.args[0])
+
+
+def fast_math_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with its float32 exp/erf/tanh/sigmoid calls rewritten (itself if none)."""
+    return tvm_ffi.structural_map(func, (tvm.ir.expr.Call, _rewrite_call))
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_tune.FastMath")
+class FastMath:
+    """Rewrite float32 exp/erf/tanh/sigmoid in every PrimFunc of the module into vectorisable
+    polynomial arithmetic (see the module docstring). Meant for CPU targets, after
+    ``FuseTIR``."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        out = mod.clone()  # update_func mutates in place
+        for gv, func in mod.functions.items():
+            if isinstance(func, tirx.PrimFunc):
+                new = fast_math_func(func)
+                if not new.same_as(func):
+                    out.update_func(gv, new)
+        return out

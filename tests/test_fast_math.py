@@ -1,0 +1,102 @@
+"""FastMath: float32 exp/erf/tanh/sigmoid as vectorisable arithmetic, checked against float64
+references on this CPU, and the pipeline's lowering uses it on CPU targets."""
+
+import math
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import te, tirx
+
+import relax_tune as rt
+from relax_tune.fast_math import FastMath, fast_math_func
+
+_REFS = {
+    "exp": np.exp,
+    "erf": np.vectorize(math.erf),
+    "tanh": np.tanh,
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+}
+
+
+def _calls(func) -> set[str]:
+    names = set()
+
+    def visit(node):
+        if isinstance(node, tvm.ir.expr.Call) and hasattr(node.op, "name"):
+            names.add(node.op.name)
+
+    tvm_ffi.structural_walk(func, visit)
+    return names
+
+
+def _vectorised(fexpr, shape):
+    a = te.placeholder(shape, name="A")
+    b = te.compute(shape, lambda i, j: fexpr(a[i, j]), name="B")
+    sch = tvm.s_tir.Schedule(fast_math_func(te.create_prim_func([a, b])))
+    i, j = sch.get_loops(sch.get_sblock("B"))
+    sch.parallel(i)
+    sch.vectorize(j)
+    return sch.mod
+
+
+@pytest.mark.parametrize("name", sorted(_REFS))
+def test_fast_math_matches_float64_reference(name, tmp_path):
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((64, 16)) * 5).astype("float32")
+    # special values: -inf/inf, beyond the clamps, zero, tiny, near exp's overflow
+    x[0] = [-np.inf, np.inf, -100, 100, 0, 1e-8, -1e-8, 88, -87, 3.9, -3.9, 8.9, -8.9,
+            0.5, -0.5, 20]
+    mod = _vectorised(getattr(tirx, name), x.shape)
+    assert f"tirx.{name}" not in _calls(mod["main"])  # rewritten, not a libm call
+    lib = tvm.compile(mod, target=rt.host_target())
+    path = str(tmp_path / f"{name}.so")
+    lib.export_library(path)
+    main = tvm.runtime.load_module(path)["main"]
+    out = tvm.runtime.tensor(np.zeros_like(x))
+    main(tvm.runtime.tensor(x), out)
+    got = out.numpy()
+    with np.errstate(over="ignore"):
+        ref = _REFS[name](x.astype(np.float64))
+    finite = np.abs(ref) < 1e38  # exp saturates at 2.4e38 instead of overflowing to inf
+    rel = np.abs(got[finite] - ref[finite]) / np.maximum(np.abs(ref[finite]), 1e-6)
+    assert rel.max() < 2e-6, (name, float(rel.max()))
+    assert np.all(np.isfinite(got))
+    if name == "exp":
+        assert got[0, 0] == 0.0  # exp(-inf): softmax over masked scores
+    if name in ("erf", "tanh"):
+        assert got[0, 0] == -1.0 and got[0, 1] == 1.0
+
+
+def test_fast_math_leaves_other_dtypes_and_ops_alone():
+    a = te.placeholder((8,), "float64", name="A")
+    b = te.compute((8,), lambda i: tirx.exp(a[i]) + tirx.sqrt(a[i]), name="B")
+    func = te.create_prim_func([a, b])
+    assert fast_math_func(func).same_as(func)
+
+
+def test_lowering_uses_fast_math_on_cpu_only():
+    from tvm.script import relax as R
+
+    @tvm.script.ir_module
+    class Gelu:
+        @R.function
+        def main(x: R.Tensor((4, 32), "float32")):
+            with R.dataflow():
+                y = R.nn.gelu(x)
+                z = R.nn.softmax(y)
+                R.output(z)
+            return z
+
+    def calls(target):
+        lowered = rt.prepare.lower_for_tuning(Gelu, target)
+        names = set()
+        for _, f in lowered.functions.items():
+            if isinstance(f, tirx.PrimFunc):
+                names |= _calls(f)
+        return names
+
+    assert not {"tirx.erf", "tirx.exp"} & calls(rt.host_target())
+    assert {"tirx.erf", "tirx.exp"} <= calls(tvm.target.Target("cuda"))
+    assert isinstance(FastMath(), tvm.transform.Pass)
