@@ -51,13 +51,17 @@ class MultiLevelTiling(ScheduleRule):
         write_levels: 1-based spatial tile levels where the write cache / epilogue goes.
         keep_unfused: also keep the sketch without a write cache or fused epilogue.
         pack_operands: sample in-kernel packing for blocks with packable inputs.
+        pad_awkward_extents: also offer a sketch with spatial extents that no perfect tile
+            serves (primes such as 197) padded (``_padding``).
+        pad_multiple: what non-vectorised spatial extents are padded to a multiple of.
     """
 
     name = "multi_level_tiling"
 
     def __init__(self, params: TargetParams, structure: str = "SSRSRS",
                  write_levels: tuple[int, ...] = (1, 2), keep_unfused: bool = True,
-                 pack_operands: bool = True) -> None:
+                 pack_operands: bool = True, pad_awkward_extents: bool = True,
+                 pad_multiple: int = 8) -> None:
         if not structure or set(structure) - {"S", "R"} or "S" not in structure:
             raise ValueError(f"bad tiling structure {structure!r}: use letters S and R")
         self.params = params
@@ -65,6 +69,8 @@ class MultiLevelTiling(ScheduleRule):
         self.write_levels = tuple(write_levels)
         self.keep_unfused = keep_unfused
         self.pack_operands = pack_operands
+        self.pad_awkward_extents = pad_awkward_extents
+        self.pad_multiple = pad_multiple
         self.s_levels = [i for i, c in enumerate(structure) if c == "S"]
         self.r_levels = [i for i, c in enumerate(structure) if c == "R"]
 
@@ -77,14 +83,70 @@ class MultiLevelTiling(ScheduleRule):
         if len(loops) != len(types) or any(t not in (A.DATA_PAR, A.COMM_REDUCE) for t in types):
             return [sch]
         name = A.node(sch, block).name_hint
-        try:
-            tiled = self._tile(sch, block, loops, types)
-        except Exception as err:  # a primitive refused: keep the block as it is
-            logger.debug("cannot tile %s: %s", name, err)
-            return [sch]
-        results = self._write_back(tiled)
+        variants = [sch]
+        padded = self._padded(sch, block, loops, types)
+        if padded is not None:
+            variants.append(padded)
+        results: list[Schedule] = []
+        for variant in variants:
+            try:
+                tiled = self._tile(variant, block, A.loops_of(variant, block), types)
+            except Exception as err:  # a primitive refused: keep the block as it is
+                logger.debug("cannot tile %s: %s", name, err)
+                results.append(variant)
+                continue
+            results.extend(self._write_back(tiled))
         logger.debug("tiled %s (%s): %d variants", name, self.structure, len(results))
         return results
+
+    # -- padding --------------------------------------------------------------------------
+
+    def _padding(self, sch: Schedule, loops: list[LoopRV], types: list[int],
+                 lanes: int) -> list[int] | None:
+        """Per block iter, the multiple to pad it to, for spatial extents no perfect tile
+        serves (a ViT's 197 tokens: the row tile can only be 1, the vector axis can only be
+        197 wide): the vectorised axis to a multiple of the lanes, other spatial axes to a
+        multiple of ``pad_multiple``; None when every extent tiles well."""
+        spatial = [i for i, t in enumerate(types) if t == A.DATA_PAR]
+        extents = [A.loop_extent(sch, lp) for lp in loops]
+        vec = next((i for i in reversed(spatial) if extents[i] != 1), None)
+        padding = [1] * len(loops)
+        for i in spatial:
+            extent = extents[i]
+            if extent is None or extent <= 1:
+                continue
+            multiple = lanes if i == vec and lanes > 1 else self.pad_multiple
+            if extent <= multiple or extent % multiple == 0:
+                continue
+            if i != vec and _largest_divisor(extent, self.pad_multiple) >= 4:
+                continue  # e.g. 196 = 4 x 49 tiles fine
+            padding[i] = multiple
+        return padding if any(p > 1 for p in padding) else None
+
+    def _padded(self, sch: Schedule, block: SBlockRV, loops: list[LoopRV],
+                types: list[int]) -> Schedule | None:
+        """A copy of ``sch`` with ``block``'s awkward spatial extents padded
+        (``pad_einsum``: zero-padded input copies, a padded output sliced back), the slice
+        inlined into an elementwise consumer so the epilogue can still be fused; None when
+        nothing needs padding or the block cannot be padded."""
+        if not self.pad_awkward_extents:
+            return None
+        padding = self._padding(sch, loops, types, self.params.lanes(A.write_dtype(sch, block)))
+        if padding is None:
+            return None
+        padded = sch.copy()
+        try:
+            padded.pad_einsum(block, padding)
+        except Exception as err:
+            logger.debug("cannot pad %s: %s", A.node(sch, block).name_hint, err)
+            return None
+        consumers = A.consumers_of(padded, block)
+        if len(consumers) == 1:  # the slice back to the unpadded buffer
+            try:
+                padded.compute_inline(consumers[0])
+            except Exception:  # it writes the function's output: it stays a slice
+                pass
+        return padded
 
     # -- tiling ---------------------------------------------------------------------------
 
@@ -252,6 +314,7 @@ def _updates(blk) -> bool:
 
 
 def _largest_divisor(extent: int, bound: int) -> int:
+    """The largest divisor of ``extent`` that is at most ``bound`` (1 at least)."""
     return max((d for d in range(1, min(extent, bound) + 1) if extent % d == 0), default=1)
 
 
