@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 
 from .fast_math import FastMath
-from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv
+from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul
 from .utils import RelaxTuneError, parse_target
 
 
@@ -74,7 +74,8 @@ def graph_passes(target: tvm.target.Target | None = None) -> list[tvm.transform.
     kernels run: batch norms after convolutions are folded into the convolutions' weights
     and bias (with bound weights the scale and shift are constants, folded at compile time),
     the remaining batch norms and layer norms are decomposed into arithmetic that fuses into
-    neighbouring kernels, convolutions take the channels-last layout on CPU targets
+    neighbouring kernels, patch convolutions (stride = kernel, a ViT's patch embedding)
+    become matmuls, convolutions take the channels-last layout on CPU targets
     (``graph.ChannelsLastConvolutions``), and constants are folded."""
     cpu = target is not None and target.kind.name == "llvm"
     return [
@@ -82,6 +83,7 @@ def graph_passes(target: tvm.target.Target | None = None) -> list[tvm.transform.
         FoldBatchNormIntoConv(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
+        PatchConvToMatmul(),
         *([ChannelsLastConvolutions()] if cpu else []),
         relax.transform.FoldConstant(),
     ]

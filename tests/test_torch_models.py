@@ -175,6 +175,41 @@ def test_channels_last_keeps_no_transposes_around_relu6(target, tmp_path):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
+class PatchEmbed(torch.nn.Module):
+    """A ViT's patch embedding: a convolution with stride = kernel, then tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, 8, 4, 4)
+        self.strided = torch.nn.Conv2d(8, 8, 3, 2)  # stride != kernel: stays a convolution
+
+    def forward(self, x):
+        return self.patch(x).flatten(2).transpose(1, 2), self.strided(self.patch(x))
+
+
+def patch_embed():
+    torch.manual_seed(0)
+    return PatchEmbed().eval(), (torch.randn(1, 3, 16, 12),)
+
+
+def test_patch_convolution_becomes_a_matmul(target, tmp_path):
+    """The patch convolution becomes a GEMM over the patches (graph.PatchConvToMatmul), a
+    3x3/2 one stays a convolution, and the pipeline's outputs match PyTorch."""
+    model = load_model(f"{__file__}:patch_embed")
+    names = [t.task_name for t in rt.extract_tasks(model.lowered(target), target)]
+    assert sum(n.startswith("fused_conv2d") or n.startswith("conv2d") for n in names) == 1
+    assert any("matmul" in n for n in names), names
+    ex = tvm.compile(model.mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=str(tmp_path), max_trials_global=0,
+        params=model.params))
+    module, (x,) = patch_embed()
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    with torch.no_grad():
+        expected = module(x)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_pt2_archive_through_cli_and_pipeline(target, tmp_path, capsys):
     """``relax-tune tune/compile model.pt2``; the library matches PyTorch, and the pipeline on
     ``load_model(model.pt2)`` finds the CLI's tasks all tuned (nothing new to measure)."""
