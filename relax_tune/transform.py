@@ -214,8 +214,9 @@ class ApplyDatabase:
                                target.kind.name)
             return None
         if is_baseline(sch):
-            # The best record is the untuned function itself (the task's baseline): no tuned
-            # schedule beat it, so the function stays exactly as it was.
+            # The best record is the task's baseline: no tuned schedule beat it, so the
+            # function stays exactly as it was (on a GPU the pipeline's dlight pass then
+            # gives it the default schedule its baseline was timed with).
             self.kept.append(name)
             return None
         new = sch.mod["main"]

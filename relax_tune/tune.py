@@ -83,8 +83,9 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
 
     Resumption: records already in the database count against the budgets and are never
     measured again, so running twice with the same work_dir resumes instead of starting
-    over. Each task's untuned function is timed once and recorded as its baseline (an empty
-    trace), which is not counted as a trial. A candidate that fails to build or run is
+    over. Each task's baseline is timed once and recorded (an empty trace), which is not
+    counted as a trial: the untuned function, or on a GPU the target's default schedule
+    (``relax_tune.measure.baseline``). A candidate that fails to build or run is
     recorded with run_secs [1e10]; it never stops tuning. ``strategy`` names a search
     (``relax_tune.search.search_names()``); ``cost_model`` ("xgb", "random", "none" or a
     CostModel; loaded from and saved to work_dir/cost_model) is handed to every task's
@@ -92,7 +93,7 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
     (``progress_bar`` forces it on or off), the full log in ``work_dir/logs/tune.log``.
 
     Correctness (``check_correctness``, on by default): a candidate about to become its
-    task's best is run once more on seeded inputs and compared with the untuned function;
+    task's best is run once more on seeded inputs and compared with the task's baseline;
     a wrong one is recorded as failed ([1e10], never applied) and the next fastest is
     checked (``relax_tune.measure.verify``). The final best of every task has passed it.
 
