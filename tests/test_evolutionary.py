@@ -59,6 +59,7 @@ def test_mutators_keep_decisions_valid(target, mutator):
             for inst in sampling_instructions(child):
                 assert check_decision(inst, child.get_decision(inst)) is None
             # tile products are kept: every tile still covers its loop exactly
+            assert len(_tiles(child)) == len(_tiles(parent)) > 0
             for (i, before), (j, after) in zip(_tiles(parent), _tiles(child)):
                 assert i == j and np.prod(before) == np.prod(after)
             result = space.replay(mod, child, seed=7)

@@ -16,7 +16,8 @@ from relax_tune import report
 from relax_tune.database import JSONDatabase, TuningRecord
 from relax_tune.db_tools import export_database, merge_databases, prune_database
 from relax_tune.extract import extract_tasks
-from relax_tune.tune import BASELINE_TRACE, tune_tasks
+from relax_tune.database import BASELINE_TRACE
+from relax_tune.tune import tune_tasks
 from relax_tune.utils import FAILED_RUN_SECS, normalize_mod, trace_to_json
 
 
