@@ -26,7 +26,8 @@ from .database import (
 from .extract import ExtractedTask, Task, extract_tasks
 from .model_loader import LoadedModel, load_model
 from .transform import ApplyDatabase, ExtractTasks, TuneIRMod, TuneTIR, relax_tune_pipeline
-from .tune import TaskReport, tune_relax, tune_tasks, tune_tir
+from .report import TaskReport
+from .tune import tune_relax, tune_tasks, tune_tir
 from .config import TuneConfig
 from .utils import RelaxTuneError, host_target
 

@@ -65,7 +65,7 @@ def _tune_config(args: argparse.Namespace):
 
 # ---------------------------------------------------------------------------- tune
 def _task_table(reports: list) -> str:
-    from .progress import format_tuning_table
+    from .report import format_tuning_table
 
     return format_tuning_table(reports)
 

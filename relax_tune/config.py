@@ -36,8 +36,9 @@ class TuneConfig:
     min_task_share: tasks estimated to cost less than this share of the tuned model are
         left at their baseline (see ``tune.tune_tasks``).
     seed: seed of every random choice of the session.
-    measure_baseline: time each task's untuned function once (its baseline record).
-    check_correctness: compare a would-be best with the untuned function before it counts.
+    measure_baseline: time each task's baseline once (its baseline record: the untuned
+        function; on a GPU the target's default schedule, ``measure.baseline``).
+    check_correctness: compare a would-be best with the task's baseline before it counts.
     head_to_head_rounds: rounds of alternating re-timing for close would-be bests (0: off).
     progress_bar: force the bar on a terminal on (True) or off (False); None: automatic.
     builder: a ``relax_tune.measure`` builder (None: a ``LocalBuilder`` per session).

@@ -11,7 +11,8 @@ from tvm import relax
 
 from .extract import extract_tasks
 from .prepare import lower_for_tuning
-from .tune import TaskReport, tune_tasks
+from .report import TaskReport
+from .tune import tune_tasks
 from .utils import parse_target
 
 

@@ -9,30 +9,9 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .report import format_tuning_table
+
 logger = logging.getLogger("relax_tune.tune")
-
-
-def format_tuning_table(reports: Sequence) -> str:
-    """The tuning table: task, FLOP, weight, GFLOP/s, latency, weighted latency, trials,
-    what is applied (tuned schedule or the untuned function) and whether the task is done."""
-    head = (f"{'#':>3} {'task':<28}{'FLOP':>10}{'weight':>7}{'GFLOP/s':>9}{'untuned us':>12}"
-            f"{'best us':>10}{'weighted us':>12}{'trials':>7}  {'applied':<8}{'done':<10}")
-    lines = [head, "-" * len(head)]
-    total = 0.0
-    for i, r in enumerate(reports):
-        applied = r.applied_secs
-        weighted = applied * r.weight if applied else None
-        total += weighted or 0.0
-
-        def us(x):
-            return f"{x * 1e6:.2f}" if x else "-"
-        lines.append(
-            f"{i:>3} {r.task_name[:27]:<28}{r.flops:>10.3g}{r.weight:>7}"
-            f"{(f'{r.gflops:.2f}' if r.gflops else '-'):>9}{us(r.baseline_secs):>12}"
-            f"{us(r.best_secs):>10}{us(weighted):>12}{r.trials:>7}  "
-            f"{('tuned' if r.tuned_applied else 'untuned'):<8}{r.status:<10}")
-    lines.append(f"estimated end-to-end (sum of weighted latencies): {total * 1e6:.2f} us")
-    return "\n".join(lines)
 
 
 class Progress:

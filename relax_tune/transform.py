@@ -24,7 +24,8 @@ from .database import Database, is_baseline
 from .extract import Task, extract_tasks
 from .prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
     backend_pipeline, bind_params, default_prepack, lower_for_tuning, lowering_passes)
-from .tune import TaskReport, tune_tasks
+from .report import TaskReport
+from .tune import tune_tasks
 from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target
 from .work_dir import check_work_dir, open_for_apply
 
@@ -213,8 +214,9 @@ class ApplyDatabase:
                                target.kind.name)
             return None
         if is_baseline(sch):
-            # The best record is the untuned function itself (the task's baseline): no tuned
-            # schedule beat it, so the function stays exactly as it was.
+            # The best record is the task's baseline: no tuned schedule beat it, so the
+            # function stays exactly as it was (on a GPU the pipeline's dlight pass then
+            # gives it the default schedule its baseline was timed with).
             self.kept.append(name)
             return None
         new = sch.mod["main"]

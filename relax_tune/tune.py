@@ -4,7 +4,8 @@
 batch to the ``Measurer`` (``relax_tune.measure.measurer``: how candidates are built, timed,
 checked and re-timed is decided there) and commits what comes back. ``tune_tir`` and
 ``tune_relax`` are the script-level entry points that extract tasks first and return the
-database.
+database. What a person reads of a session -- ``TaskReport`` per task, the tuning table --
+is ``relax_tune.report``'s; the bar and the log are ``relax_tune.progress``'s.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .extract import Task, extract_tasks
 from .measure import LocalBuilder, LocalRunner, Measured, Measurer
 from .measure.measurer import Incumbent
 from .progress import Progress
+from .report import TaskReport
 from .scheduler import TaskProgress, make_scheduler
 from .search import Candidate, SearchContext, SearchStrategy, candidate_key, make_search
 from .utils import parse_target
@@ -33,77 +35,7 @@ logger = logging.getLogger("relax_tune.tune")
 BASELINE_KEY = candidate_key(BASELINE_TRACE)
 """The candidate key of the baseline record (``database.BASELINE_TRACE``)."""
 
-
-class AppliedLatency:
-    """What ApplyDatabase will run for a task, from its ``best_secs`` (best tuned schedule)
-    and ``baseline_secs`` (untuned function); shared by TaskReport and the report's rows."""
-
-    best_secs: float | None
-    baseline_secs: float | None
-
-    @property
-    def applied_secs(self) -> float | None:
-        """Time of what ApplyDatabase will use: the best tuned schedule, or the untuned
-        function when no tuned schedule beats it."""
-        known = [x for x in (self.best_secs, self.baseline_secs) if x]
-        return min(known) if known else None
-
-    @property
-    def tuned_applied(self) -> bool:
-        """True when a tuned schedule beats the untuned function (or no baseline is known)."""
-        return bool(self.best_secs) and (not self.baseline_secs
-                                         or self.best_secs <= self.baseline_secs)
-
-    @property
-    def speedup(self) -> float | None:
-        """Untuned time over the applied time (>= 1: the untuned function is kept otherwise)."""
-        if self.applied_secs and self.baseline_secs:
-            return self.baseline_secs / self.applied_secs
-        return None
-
-
-
-@dataclass
-class TaskReport(AppliedLatency):
-    """What tuning one task produced (also what the demo and the tuning table print).
-
-    ``task`` is the extracted ``Task`` itself; ``task_name``, ``weight`` and ``flops`` are
-    read from it."""
-
-    task: Task = field(repr=False)
-    trials: int = 0
-    failures: int = 0
-    best_secs: float | None = None
-    baseline_secs: float | None = None
-    new_trials: int = 0
-    status: str = "tuning"
-    """Why the task stopped: budget, converged, exhausted, too cheap, time, stopped."""
-
-    @property
-    def task_name(self) -> str:
-        """The task's name."""
-        return self.task.task_name
-
-    @property
-    def weight(self) -> int:
-        """The task's call sites in the model."""
-        return self.task.weight
-
-    @property
-    def flops(self) -> float:
-        """Estimated FLOPs of one call of the task's workload."""
-        return self.task.flops
-
-    @property
-    def gflops(self) -> float | None:
-        """Throughput of the best schedule in GFLOP/s."""
-        return self.flops / self.best_secs / 1e9 if self.best_secs and self.flops else None
-
-    def __repr__(self) -> str:
-        return (f"TaskReport(task_name={self.task_name!r}, weight={self.weight}, "
-                f"trials={self.trials}, failures={self.failures}, best_secs={self.best_secs}, "
-                f"baseline_secs={self.baseline_secs}, new_trials={self.new_trials}, "
-                f"status={self.status!r})")
+__all__ = ["BASELINE_KEY", "TaskReport", "tune_relax", "tune_tasks", "tune_tir"]
 
 
 @dataclass
@@ -151,8 +83,9 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
 
     Resumption: records already in the database count against the budgets and are never
     measured again, so running twice with the same work_dir resumes instead of starting
-    over. Each task's untuned function is timed once and recorded as its baseline (an empty
-    trace), which is not counted as a trial. A candidate that fails to build or run is
+    over. Each task's baseline is timed once and recorded (an empty trace), which is not
+    counted as a trial: the untuned function, or on a GPU the target's default schedule
+    (``relax_tune.measure.baseline``). A candidate that fails to build or run is
     recorded with run_secs [1e10]; it never stops tuning. ``strategy`` names a search
     (``relax_tune.search.search_names()``); ``cost_model`` ("xgb", "random", "none" or a
     CostModel; loaded from and saved to work_dir/cost_model) is handed to every task's
@@ -160,7 +93,7 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
     (``progress_bar`` forces it on or off), the full log in ``work_dir/logs/tune.log``.
 
     Correctness (``check_correctness``, on by default): a candidate about to become its
-    task's best is run once more on seeded inputs and compared with the untuned function;
+    task's best is run once more on seeded inputs and compared with the task's baseline;
     a wrong one is recorded as failed ([1e10], never applied) and the next fastest is
     checked (``relax_tune.measure.verify``). The final best of every task has passed it.
 

@@ -119,6 +119,7 @@ def test_device_side_link_through_a_loopback_rpc_server(target, tmp_path):
         reports = tune_tasks(extract_tasks(small, target), work, max_trials_global=4,
                              num_trials_per_iter=4, builder=builder, runner=runner)
         assert reports[0].trials == 4 and reports[0].best_secs is not None
+        assert reports[0].baseline_secs is not None  # the untuned function ran too
         assert cluster.free() == 1  # every session released
 
 

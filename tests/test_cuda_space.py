@@ -191,9 +191,7 @@ def test_zoo_candidates_are_valid_gpu_kernels(name, zoo, sm80):
     """Candidates exist, replay from their JSON trace, pass the schedule and target-limit
     checks, and bind every block to GPU threads."""
     cands = candidates(name, zoo, sm80)
-    assert cands, "the CUDA space gave no candidate"
-    if name in TILED:
-        assert len(cands) == N_CANDIDATES
+    assert len(cands) == N_CANDIDATES, "the CUDA space gave too few candidates"
     mod, _ = zoo[name]
     verify = VerifyGPUCode(gpu_params(sm80), sm80)
     for cand in cands:
@@ -218,7 +216,7 @@ def test_zoo_candidates_compile_with_nvcc(arch, zoo, sm80):
         for i, cand in enumerate(candidates(name, zoo, sm80)):
             funcs[f"{name}_{i}"] = cand.sch.mod["main"].with_attr("global_symbol",
                                                                   f"{name}_{i}")
-    assert len(funcs) >= len(ALL)
+    assert {symbol.rsplit("_", 1)[0] for symbol in funcs} == set(ALL)  # each has candidates
     binary = compile_cuda(tvm.IRModule(funcs), cuda_target(arch))
     for symbol in funcs:
         assert f"{symbol}_kernel".encode() in binary, symbol
@@ -277,7 +275,7 @@ def test_target_limits_bound_the_candidates(zoo):
     assert gpu_params(small).max_threads_per_block == 64
     mod, _ = zoo["matmul"]
     cands = ReplaySearch(mod, small, seed=5).next_candidates(4)
-    assert cands
+    assert len(cands) == 4
     for cand in cands:
         lowered = lower_for_verification(cand.sch.mod, small)
         assert _max_threads(lowered["main"]) <= 64
@@ -335,6 +333,8 @@ def test_ensure_cuda_compiler_picks_an_available_compiler(monkeypatch):
         assert mode == "nvrtc"
     elif find_nvcc() is not None:
         assert mode == "nvcc" and tvm.support.nvcc.find_cuda_path()
+    else:
+        assert mode is None  # neither compiler: nothing to choose
     monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "NVRTC")
     assert gpu_compile.ensure_cuda_compiler() == "nvrtc"
 
@@ -342,7 +342,7 @@ def test_ensure_cuda_compiler_picks_an_available_compiler(monkeypatch):
 def test_cuda_source_needs_bound_kernels(zoo, sm80):
     """An unscheduled function is no GPU kernel: codegen refuses it with a clear error."""
     mod, _ = zoo["transpose"]
-    with pytest.raises(Exception):
+    with pytest.raises(RelaxTuneError, match="no CUDA kernel: bind its loops"):
         cuda_source(mod, sm80)
 
 

@@ -28,6 +28,7 @@ from relax_tune.database import (
     TuningRecord,
     UnionDatabase,
     Workload,
+    is_baseline,
 )
 from relax_tune.utils import (
     FAILED_RUN_SECS,
@@ -326,13 +327,15 @@ def test_bad_paths_give_clear_errors(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
 def test_read_only_files_load_but_refuse_commits(tmp_path, mm):
-    fill(JSONDatabase(work_dir=tmp_path), mm, [1e-4])
+    [record] = fill(JSONDatabase(work_dir=tmp_path), mm, [1e-4])
     for name in ("database_workload.json", "database_tuning_record.json"):
         (tmp_path / name).chmod(0o444)
     tmp_path.chmod(0o555)
     try:
         db = JSONDatabase(work_dir=tmp_path)
-        assert db.read_only and db.query_schedule(mm, T_X86) is not None
+        assert db.read_only
+        assert tvm_ffi.structural_equal(db.query_schedule(mm, T_X86).mod,
+                                        expected_mod(mm, record.trace_json))
         with pytest.raises(RelaxTuneError, match="read-only"):
             fill(db, mm, [1e-5])
         with pytest.raises(RelaxTuneError, match="cannot create"):
@@ -538,17 +541,23 @@ def test_metaschedule_style_subclass_tunes_and_applies(tmp_path, target):
     out = tune_tir(func, target, work_dir=str(tmp_path), max_trials_global=2, database=db,
                    progress_bar=False, num_trials_per_iter=2)
     assert out is db
-    assert len(db) >= 2  # the untuned baseline and the trials
+    assert len(db) == 3  # the untuned baseline and the two trials
+    assert [is_baseline(r) for r in db.records].count(True) == 1
     assert len(db.workloads) == 1 and db.has_workload(db.workloads[0].mod)
     assert all(r.workload is db.workloads[0] for r in db.records)
     assert not (tmp_path / "database_tuning_record.json").exists()  # nothing bypassed `db`
-    assert db.query_schedule(func, target) is not None
+    (best,) = db.get_top_k(db.workloads[0], 1)
     apply = ApplyDatabase(database=db)
     with target:
         applied = apply(tvm.IRModule({"main": func}))
-    assert apply.applied + apply.kept == ["main"]
-    if apply.applied:
-        assert applied["main"].attrs["tirx.is_scheduled"]
+    if is_baseline(best):  # no trial beat the untuned function: it stays
+        assert apply.kept == ["main"] and apply.applied == []
+        assert tvm_ffi.structural_equal(applied["main"], func)
+    else:
+        assert apply.applied == ["main"] and applied["main"].attrs["tirx.is_scheduled"]
+        assert tvm_ffi.structural_equal(applied["main"].body,
+                                        expected_mod(best.workload.mod,
+                                                     best.trace_json)["main"].body)
 
 
 class DuckTensorInfo:
@@ -685,8 +694,9 @@ def test_module_equality_variants(tmp_path, mm, mm_relu):
     best = reloaded.query_tuning_record(mm, T_X86)
     assert best.mean_run_secs == pytest.approx(5e-5)
     assert tvm_ffi.structural_equal(best.workload.mod, mm_relu)
-    assert best.trace is not None
-    assert reloaded.query_schedule(mm, T_X86) is not None  # the relu trace fits block C of mm
+    assert best.trace_json == relu_record.trace_json
+    assert tvm_ffi.structural_equal(  # the relu trace fits block C of mm
+        reloaded.query_schedule(mm, T_X86).mod, expected_mod(mm, relu_record.trace_json))
     assert len(reloaded.get_all_workloads()) == 2
     assert len(reloaded.get_records(reloaded.commit_workload(mm))) == 2
 

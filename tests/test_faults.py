@@ -132,13 +132,17 @@ def test_faulty_candidates_are_recorded_and_tuning_continues(tmp_path, target, c
     db = JSONDatabase(work_dir=work)
     by_key = _records_by_key(db)
     assert len(db) == 9  # 8 trials + the baseline: every candidate accounted for
+    trials = [r for r in db.get_all_tuning_records() if candidate_key(r.trace_json) != BASELINE_KEY]
+    assert report.failures == sum(not r.is_valid for r in trials)
+    assert report.best_secs == pytest.approx(min(r.mean_run_secs for r in trials if r.is_valid))
     for fault, key in builder.injected.items():
         (rec,) = by_key[key]
         assert not rec.is_valid, fault  # recorded, as failed
     assert BASELINE_KEY in by_key
     # the wrong kernel is by far the fastest; the check caught it, so it is never applied
     best = db.query_tuning_record(mod, target)
-    assert best is not None and candidate_key(best.trace_json) != builder.injected["wrong"]
+    assert best.is_valid and candidate_key(best.trace_json) != builder.injected["wrong"]
+    assert best.mean_run_secs == pytest.approx(report.applied_secs)
     assert any(WRONG_RESULT in r.getMessage() for r in caplog.records)
     assert wall < 120
 
@@ -154,6 +158,9 @@ def test_check_correctness_off_lets_wrong_best_through(tmp_path, target):
     db = JSONDatabase(work_dir=work)
     rec = _records_by_key(db)[builder.injected["wrong"]][0]
     assert rec.is_valid
+    # and, far the fastest, it is what ApplyDatabase would take
+    best = db.query_tuning_record(mod, target)
+    assert candidate_key(best.trace_json) == builder.injected["wrong"]
 
 
 def test_checker_passes_good_schedules(target):

@@ -157,6 +157,7 @@ def test_run_and_fetch_matches_numpy_and_untuned(runner, built, mod):
     tuned = runner.run_and_fetch(built[1].artifact_path, info, TARGET, seed=7)
     a, b, c = tuned
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    assert len(untuned) == 3
     for x, y in zip(untuned, tuned):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)
     with pytest.raises(MeasureError):

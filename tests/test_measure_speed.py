@@ -75,6 +75,7 @@ def test_time_and_fetch_remembers_outputs(built, mod256, target, tmp_path):
         runner.shutdown()
     # the worker is gone: a byte-identical copy is answered from what time_and_fetch kept
     remembered = runner.run_and_fetch(copy, info, target, seed=7)
+    assert len(remembered) == len(fresh) == 3
     for x, y in zip(remembered, fresh):
         np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-3)
     with pytest.raises(RuntimeError, match="shut down"):  # a different seed is not kept

@@ -69,6 +69,7 @@ def test_tune_irmod_with_params_tunes_no_weight_transposes(demo, target, tmp_pat
         out = tune(lowered)
     tvm.ir.assert_structural_equal(out, lowered)
     assert sorted(r.task_name for r in tune.reports) == ["fused_matmul_add_relu", "matmul1"]
+    assert sum(r.trials for r in tune.reports) == 4
     without = rt.extract_tasks(lowered, target)
     assert {t.task_name for t in without} > {r.task_name for r in tune.reports}
 
@@ -84,7 +85,8 @@ def test_weight_prepack_flag_compiles_and_matches(target, work_dirs):
             target, cpu_weight_prepack=True))(rt.transform.bind_params(mod, weights))
     marked = [f for _, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)
               and f.attrs is not None and "layout_free_buffers" in f.attrs]
-    assert marked  # the matmuls' weight operands are marked layout-free
+    prims = [f for _, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)]
+    assert len(marked) == len(prims) == 2  # both matmuls' weight operands are layout-free
     vm = relax.VirtualMachine(tvm.compile(mod, target, relax_pipeline=pipe), tvm.cpu())
     got = vm["forward"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
     np.testing.assert_allclose(got, untuned_output(mod, target, arrays), rtol=1e-4, atol=1e-4)
@@ -106,6 +108,11 @@ def test_parameter_errors_are_clear(target, tmp_path):
             lift_transform_params=True))
 
 
+def _runtime_modules(root) -> list:
+    """``root`` and every runtime module it imports."""
+    return [root] + [m for sub in root.imports for m in _runtime_modules(sub)]
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_cuda_functions_without_records_get_dlight_schedules(name, target, tmp_path):
     """Compiles for CUDA without a GPU: every kernel must have a thread binding to build."""
@@ -116,9 +123,11 @@ def test_cuda_functions_without_records_get_dlight_schedules(name, target, tmp_p
                               max_trials_global=0, params=weights)
     with cuda:
         out = pipe(mod)
-    prims = [f for _, f in out.functions.items() if isinstance(f, tirx.PrimFunc)]
-    assert prims and all(f.attrs["tirx.is_scheduled"] for f in prims)
-    assert tvm.compile(mod, cuda, relax_pipeline=pipe) is not None
+    prims = {gv.name_hint: f for gv, f in out.functions.items() if isinstance(f, tirx.PrimFunc)}
+    assert prims and all(f.attrs["tirx.is_scheduled"] for f in prims.values())
+    ex = tvm.compile(mod, cuda, relax_pipeline=pipe)
+    source = "\n".join(m.inspect_source() for m in _runtime_modules(ex.mod) if m.kind == "cuda")
+    assert [n for n in prims if f"{n}_kernel" not in source] == []  # every one a GPU kernel
 
 
 def test_demo_reports_model_latency_next_to_kernel_sum(target, tmp_path):
@@ -130,6 +139,10 @@ def test_demo_reports_model_latency_next_to_kernel_sum(target, tmp_path):
     names = sorted(r.task_name for r in result["reports"])
     assert len(names) == 2 and names[0].startswith("fused_matmul_add_relu") \
         and names[1].startswith("matmul1")
-    assert result["kernels_secs"] > 0 and result["after"].median_secs > 0
+    assert sum(r.trials for r in result["reports"]) == 4
+    assert all(r.applied_secs for r in result["reports"])  # every task has a time
+    kernels = sum(r.applied_secs * r.weight for r in result["reports"])
+    assert result["kernels_secs"] == pytest.approx(kernels) and result["after"].median_secs > 0
     text = "\n".join(lines)
-    assert "untuned" in text and "sum of the tuned kernels" in text and "overhead" in text
+    assert f"sum of the tuned kernels {kernels * 1e6:.1f} us" in text
+    assert f"tuned {result['after'].median_secs * 1e6:.1f} us" in text and "overhead" in text

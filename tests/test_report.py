@@ -16,7 +16,8 @@ from relax_tune import report
 from relax_tune.database import JSONDatabase, TuningRecord
 from relax_tune.db_tools import export_database, merge_databases, prune_database
 from relax_tune.extract import extract_tasks
-from relax_tune.tune import BASELINE_TRACE, tune_tasks
+from relax_tune.database import BASELINE_TRACE
+from relax_tune.tune import tune_tasks
 from relax_tune.utils import FAILED_RUN_SECS, normalize_mod, trace_to_json
 
 
@@ -108,6 +109,32 @@ def test_task_meta_gives_names_and_weights(handmade, target):
     assert "my_matmul" in text and "60.00 us tuned" in text and "weights from tasks.json" in text
 
 
+def test_tuning_table_of_a_session(target):
+    """A session's TaskReports (relax_tune.report) and the tuning table the bar and the CLI
+    print: what is applied, the weighted latencies and their sum."""
+    import relax_tune
+    import relax_tune.tune
+
+    assert relax_tune.TaskReport is relax_tune.tune.TaskReport is report.TaskReport
+    task = extract_tasks(_matmul_relu(), target)[0]
+    task.weight = 2
+    tuned = report.TaskReport(task, trials=5, failures=1, best_secs=20e-6,
+                              baseline_secs=100e-6, status="budget")
+    slower = report.TaskReport(task, trials=3, best_secs=150e-6, baseline_secs=100e-6,
+                               status="converged")
+    assert tuned.applied_secs == pytest.approx(20e-6) and tuned.tuned_applied
+    assert tuned.speedup == pytest.approx(5.0)
+    assert slower.applied_secs == pytest.approx(100e-6) and not slower.tuned_applied
+    assert slower.speedup == pytest.approx(1.0)
+    lines = report.format_tuning_table([tuned, slower]).splitlines()
+    assert len(lines) == 5
+    assert lines[2].split()[4:] == [f"{tuned.gflops:.2f}", "100.00", "20.00", "40.00", "5",
+                                    "tuned", "budget"]
+    assert lines[3].split()[4:] == [f"{slower.gflops:.2f}", "100.00", "150.00", "200.00", "3",
+                                    "untuned", "converged"]
+    assert lines[4].endswith(": 240.00 us")
+
+
 def test_write_report_files(handmade):
     pytest.importorskip("matplotlib")
     work_dir, _ = handmade
@@ -179,10 +206,10 @@ def test_report_on_a_real_tuning_run(tmp_path, target):
     work_dir = str(tmp_path / "wd")
     tasks = extract_tasks(_matmul_relu(), target)
     tune_tasks(tasks, work_dir, max_trials_global=8, num_trials_per_iter=8)
-    report.write_task_meta(work_dir, tasks)
-    files = report.write_report(work_dir)
+    files = report.write_report(work_dir)  # task names and weights: tune_tasks' tasks.json
     (s,) = files.summaries
     assert s.trials == 8 and s.baseline_secs and s.weight == 1
+    assert s.name == tasks[0].task_name
     valid = [x for x in s.trial_secs if x is not None]
     assert valid and s.best_secs == min(valid)
     assert all(b >= a for a, b in zip(s.curve[1:], s.curve[:-1]) if a and b)

@@ -60,6 +60,7 @@ def test_runs_spread_over_both_servers_and_match_local(cluster, builder, target)
         remote = runner.run_and_fetch(arts[0], info, target, seed=5)
     with LocalRunner() as local:
         here = local.run_and_fetch(arts[0], info, target, seed=5)
+    assert len(remote) == len(here) == 3  # A, B and C after the call
     for a, b in zip(remote, here):  # same seeded inputs, same outputs
         np.testing.assert_allclose(a, b, rtol=1e-5)
     assert cluster.free() == 2  # every session released
@@ -133,7 +134,8 @@ def test_tuning_completes_through_rpc(cluster, builder, target, tmp_path):
     assert reports[0].trials == 8 and reports[0].best_secs is not None
     db = JSONDatabase(work_dir=work)
     assert len(db) == 9  # 8 trials + baseline
-    assert db.query_schedule(mod, target) is not None
+    best = db.query_tuning_record(mod, target)  # what ApplyDatabase takes: the report's
+    assert best.is_valid and best.mean_run_secs == pytest.approx(reports[0].applied_secs)
     assert cluster.free() == 2
 
 

@@ -158,3 +158,6 @@ def test_sigkill_during_tuning_then_resume_loses_nothing(tmp_path):
     keys = [candidate_key(r.trace_json) for r in after]
     assert before <= set(keys)
     assert len(keys) == len(set(keys))
+    # the records on disk (one is the baseline) counted against the budget of
+    # len(complete) + 2 trials: three new ones
+    assert len(after) == len(complete) + 3

@@ -115,16 +115,18 @@ def test_pipeline_leaves_the_whole_session_in_work_dir_and_warm_starts(tmp_path,
     meta = read_task_meta(wd)
     db = rt.JSONDatabase(work_dir=wd)
     assert {int(w.shash) for w in db.get_all_workloads()} == set(meta)
-    assert all(v["name"] and v["weight"] >= 1 for v in meta.values())
+    # (AttachAttrLayoutFreeBuffers, for bound weights on CPU, adds a digit to names)
+    assert sorted((v["name"].rstrip("0123456789"), v["weight"]) for v in meta.values()) == \
+        [("fused_matmul_add_relu", 1), ("matmul", 1)]
     assert os.path.isfile(os.path.join(wd, TASK_META_FILE))
     assert os.listdir(cost_model_dir(wd))
     log = os.path.join(logs_dir(wd), "tune.log")
-    assert os.path.getsize(log) > 0
+    assert "[6/6 trials" in open(log, encoding="utf-8").read()  # the session's own log
 
     from relax_tune.cost_model import make_cost_model
 
     warm = make_cost_model("xgb", wd)  # what the next run on this work_dir starts from
-    assert warm.num_rows >= 6
+    assert warm.num_rows == 6  # every trial of the session (the baselines are not trials)
 
 
 def test_tune_tir_keeps_cost_model_and_task_names(tmp_path, target):

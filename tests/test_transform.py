@@ -11,7 +11,7 @@ from tvm import relax
 
 import relax_tune as rt
 from relax_tune.demo import demo_inputs
-from relax_tune.search import candidate_key
+from relax_tune.search import ReplaySearch, candidate_key
 
 SMALL = {"num_trials_per_iter": 2}
 
@@ -41,10 +41,11 @@ def test_tune_irmod_returns_module_unchanged_and_records_every_task(tuned, demo,
     db = rt.JSONDatabase(work_dir=work_dir)
     tasks = rt.extract_tasks(lowered, target)
     assert {r.workload.shash for r in db.get_all_tuning_records()} == {t.shash for t in tasks}
-    for r in reports:
+    assert len(reports) == len(tasks) == 4
+    for r in reports:  # every task gets its first batch before any is judged too cheap
         assert r.baseline_secs is not None
-        assert r.trials >= 1 or r.status in ("too cheap", "exhausted"), r
-    assert sum(r.trials >= 1 for r in reports) >= 2
+        assert r.trials >= 1, r
+    assert len(db) == 8 + 4  # the trials and one baseline per task
 
 
 def test_no_trace_measured_twice_and_resume_spends_nothing(tuned, demo, target):
@@ -148,8 +149,12 @@ def test_pipeline_tunes_when_given_trials(target, tmp_path):
     x, w1, b1, w2 = inputs
     np.testing.assert_allclose(got, np.maximum(x @ w1.T + b1, 0) @ w2.T, rtol=1e-4, atol=1e-4)
     records = rt.JSONDatabase(work_dir=str(tmp_path)).get_all_tuning_records()
-    # the pipeline did tune (a transpose's space may hold a single program: 1 or 2 trials)
-    assert 1 <= sum(1 for r in records if r.trace_json[0]) <= 2
+    # the pipeline did tune: both trials, or every program of the transpose's space when it
+    # holds fewer (one on some CPUs)
+    space = ReplaySearch(records[0].workload.mod, target, seed=1)
+    programs = [c for _ in range(4) for c in space.next_candidates(8)]
+    trials = [r for r in records if not rt.database.is_baseline(r)]
+    assert len(records) - len(trials) == 1 and len(trials) == min(2, len(programs))
 
 
 def test_tune_tir_shares_one_budget(target, tmp_path):

@@ -7,6 +7,8 @@
   at a time, in a persistent worker process (crash- and timeout-isolated).
 - ``RPCRunner``: the same on remote devices through TVM's RPC tracker, one session per
   candidate, spread over every server under a key; lost sessions are retried elsewhere.
+- ``baseline``: what a task's baseline is on a target (the function as it is; on a GPU
+  the target's default schedule, dlight).
 - ``Measurer``: the measurement protocol of a tuning session (build, time, baseline,
   correctness screen, head-to-head, what a record stores), in ``measure/measurer.py``.
 

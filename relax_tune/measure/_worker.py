@@ -20,11 +20,13 @@ from typing import Any
 import numpy as np
 import tvm
 
+from ..database import is_baseline
 from ..space.gpu.compile import ensure_cuda_compiler
 from ..space.layout_rewrite import measurable_module
 from ..utils import ensure_tvm_threads, schedule_from_json
 from . import cross, prepack
 from .base import short_error
+from .baseline import baseline_module
 
 
 def init_worker() -> None:
@@ -85,8 +87,9 @@ def _replay_error(mod: tvm.IRModule, trace: list, err: Exception) -> str:
 
 def build_candidate(digest: str, script: str, target_json: str, trace_json: str | None,
                     out_path: str, link: str = "") -> tuple[str | None, float]:
-    """Replay ``trace_json`` (plain-JSON trace, or None for the workload as it is) on the
-    workload, compile it for the target and export it to ``out_path`` (a ``.so`` exposing
+    """Replay ``trace_json`` (plain-JSON trace; None or the empty trace: the task's
+    baseline, the workload as it is or a GPU target's default schedule,
+    ``baseline.baseline_module``) on the workload, compile it for the target and export it to ``out_path`` (a ``.so`` exposing
     ``main``). ``link`` (``cross.link_mode``): "" links with the host compiler, "tar" writes
     an archive of object files (``out_path`` ends in ``.tar``), anything else is the
     compiler that links. Returns ``(error or None, seconds spent)``."""
@@ -95,14 +98,17 @@ def build_candidate(digest: str, script: str, target_json: str, trace_json: str 
     try:
         mod = _workload(digest, script)
         target = _target(target_json)
-        if trace_json is not None:
+        trace = None if trace_json is None else json.loads(trace_json)
+        if trace is not None and not is_baseline(trace):
             stage = "replay trace"
-            trace = json.loads(trace_json)
             try:
                 sch = schedule_from_json(mod, trace)
             except Exception as err:  # noqa: BLE001 - ScheduleError, TVMError, ...
                 return _replay_error(mod, trace, err), time.perf_counter() - start
             mod = sch.mod
+        else:  # the task's baseline: the function as it is, or a GPU's default schedule
+            stage = "default schedule"
+            mod = baseline_module(mod, target)
         stage = "split layout rewrite"
         # the runner calls "main"; with packed weights it packs once, then times "main"
         measured, plan = measurable_module(mod["main"])

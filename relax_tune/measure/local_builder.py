@@ -142,7 +142,8 @@ class LocalBuilder(Builder):
         ``workload`` is a single-function module keyed ``main`` (``utils.normalize_mod``; a
         bare PrimFunc is normalised here). A trace is the plain JSON of
         ``utils.trace_to_json`` (a JSON string or a ``tvm.s_tir.Trace`` is accepted too);
-        None means the workload as it is (the untuned function). Returns one
+        None means the task's baseline (the workload as it is; on a GPU target its default
+        schedule, ``baseline.baseline_module``). Returns one
         ``BuildResult`` per trace, in order. A trace that fails to replay, a compile error,
         a crashed worker or a timeout gives a failed result; nothing raises for a candidate.
         """

@@ -7,12 +7,13 @@ and commits what comes back; how a candidate gets its time is decided here, in t
 2. Time it, cutting losses on hopeless candidates: one whose warm-up call takes over
    ``_CUT_RATIO`` times the task's best (never under ``_MIN_CUT_SECS``, never over
    ``_BASELINE_MAX_SECS``) keeps that one call as its time.
-3. The untuned function -- the task's baseline, timed once per task -- is timed by one call
-   when it is slow (over ``_BASELINE_ONE_CALL_SECS``); with the correctness check on, that
-   call also gives the check its reference outputs, so it runs once, not twice.
+3. The task's baseline -- the untuned function, or on a GPU the target's default schedule
+   (``baseline.py``), timed once per task -- is timed by one call when it is slow (over
+   ``_BASELINE_ONE_CALL_SECS``); with the correctness check on, that call also gives the
+   check its reference outputs, so it runs once, not twice.
 4. Screen would-be bests for correctness (``verify.CorrectnessChecker``): a candidate about
    to become the task's best is run once more on seeded inputs and compared with the
-   untuned function; a wrong one becomes a failure and the next fastest is checked.
+   task's baseline; a wrong one becomes a failure and the next fastest is checked.
 5. Re-time close would-be bests head-to-head (``head_to_head``): a candidate that would beat
    the best by less than ``_CLEAR_WIN`` is timed alternately with the task's reference
    kernel, on one device, and recorded in the reference's frame. At most ``_MAX_CHALLENGES``
@@ -85,7 +86,7 @@ class Measured:
     challenged) and what its database record stores."""
 
     trace: list | None
-    """The candidate's trace; None for the untuned function."""
+    """The candidate's trace; None for the task's baseline."""
     build: BuildResult
     run: RunResult
 
@@ -118,7 +119,7 @@ class Measurer:
     Args:
         builder: builds the candidates (a ``Builder``).
         runner: times them (a ``Runner``).
-        check_correctness: screen would-be bests against the untuned function (the runner
+        check_correctness: screen would-be bests against the task's baseline (the runner
             must be able to ``run_and_fetch``: ``can_fetch``).
         head_to_head_rounds: rounds of alternating re-timing for close would-be bests
             (0: none).
@@ -140,7 +141,7 @@ class Measurer:
                 best_secs: float | None = None, baseline_secs: float | None = None,
                 while_building: Callable[[], None] | None = None) -> list[Measured]:
         """Build, time, screen and challenge one batch of ``task``; one ``Measured`` per trace,
-        in order (``[None]``: the untuned function, timed as the task's baseline).
+        in order (``[None]``: the task's baseline, ``baseline.baseline_module``).
 
         ``incumbent`` is the task's protocol state (updated here: the batch's new best, the
         reference); ``best_secs`` and ``baseline_secs`` are the task's best and untuned

@@ -1,5 +1,8 @@
-"""Correctness check: a candidate about to become its task's best must compute what the untuned
-function computes, on seeded random inputs.
+"""Correctness check: a candidate about to become its task's best must compute what the task's
+baseline computes, on seeded random inputs. The baseline is what the builder builds for the
+trace None: the untuned function, or on a GPU the target's default schedule
+(``baseline.baseline_module``: an unbound function is no GPU kernel); below, "the untuned
+function" means that program.
 
 Design (why before committing): a database ranks valid records by mean run time, and
 ``ApplyDatabase`` takes the fastest one; a second record for the same trace would not hide the

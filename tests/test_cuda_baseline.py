@@ -1,0 +1,147 @@
+"""A task's baseline on cuda is the target's default schedule (dlight), not the unbound
+function (which TVM compiles to host code, no GPU kernel): the builder builds it for the
+baseline record and for the correctness check's reference. Without a GPU: the baseline
+module is dlight's, it compiles to CUDA kernels, and the builder's baseline library carries
+them. With a GPU (``tvm.cuda(0).exist``) a short tuning session also times the baseline and
+checks candidates against it; only that test skips without one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import te, topi
+
+from relax_tune.database import BASELINE_TRACE, JSONDatabase, is_baseline
+from relax_tune.extract import extract_tasks
+from relax_tune.measure import LocalBuilder, LocalRunner
+from relax_tune.measure.baseline import baseline_module, uses_default_schedule
+from relax_tune.measure.verify import CorrectnessChecker
+from relax_tune.search import ReplaySearch
+from relax_tune.space.gpu import cuda_source, cuda_target, default_schedule_pass
+from relax_tune.tune import tune_tasks
+from relax_tune.utils import RelaxTuneError, normalize_mod
+
+HAS_GPU = tvm.cuda(0).exist
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU on this machine")
+
+
+def _ph(shape, name):
+    return te.placeholder(shape, "float32", name=name)
+
+
+def matmul():
+    a, b = _ph((64, 64), "A"), _ph((64, 64), "B")
+    return normalize_mod(te.create_prim_func([a, b, topi.matmul(a, b)])), lambda x, y: x @ y
+
+
+def softmax():
+    x = _ph((16, 64), "X")
+
+    def ref(v):
+        e = np.exp(v - v.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    return normalize_mod(te.create_prim_func([x, topi.nn.softmax(x, axis=-1)])), ref
+
+
+def row_sum():
+    x = _ph((16, 128), "X")
+    return normalize_mod(te.create_prim_func([x, topi.sum(x, axis=1)])), lambda v: v.sum(1)
+
+
+def transpose():
+    x = _ph((32, 48), "X")
+    return normalize_mod(te.create_prim_func([x, topi.transpose(x)])), lambda v: v.T
+
+
+ZOO = {"matmul": matmul, "softmax": softmax, "row_sum": row_sum, "transpose": transpose}
+
+
+@pytest.fixture(scope="module")
+def sm80():
+    return cuda_target("sm_80")
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_cuda_baseline_is_the_dlight_schedule(name, sm80):
+    """The baseline module is exactly what dlight's default schedules make of the function
+    (what the pipeline compiles when no tuned record wins), and it compiles to CUDA kernels
+    bound to GPU threads, where the unbound function gives none."""
+    mod, _ = ZOO[name]()
+    text = mod.script()
+    base = baseline_module(mod, sm80)
+    assert mod.script() == text  # the workload itself is left alone (dlight edits in place)
+    with sm80:
+        expected = default_schedule_pass()(ZOO[name]()[0])
+    assert tvm_ffi.structural_equal(base["main"], expected["main"])
+    assert not tvm_ffi.structural_equal(base["main"], mod["main"])
+    assert bool(base["main"].attrs["tirx.is_scheduled"])
+    source = cuda_source(base, sm80)
+    assert "__global__" in source and "threadIdx.x" in source
+    with pytest.raises(RelaxTuneError, match="no CUDA kernel"):
+        cuda_source(mod, sm80)  # the unbound function: host code only
+
+
+def test_cpu_baseline_is_the_function_as_it_is(target):
+    mod, _ = matmul()
+    assert not uses_default_schedule(target) and uses_default_schedule(cuda_target("sm_80"))
+    assert baseline_module(mod, target) is mod
+
+
+@pytest.mark.parametrize("trace", [None, BASELINE_TRACE], ids=["none", "empty-trace"])
+def test_builder_builds_the_cuda_baseline_as_gpu_kernels(trace, sm80):
+    """What the tuner builds for the baseline record and for the correctness check's
+    reference (the trace None, or the baseline's empty trace) is dlight's program: the
+    library embeds a CUDA kernel (built without a GPU; nvcc or NVRTC compile it on load).
+    A tuned candidate built next in the same worker replays on the workload as it was."""
+    mod, _ = matmul()
+    cand = ReplaySearch(mod, sm80, seed=11).next_candidates(1)[0]
+    builder = LocalBuilder(max_workers=1)
+    try:
+        (build,) = builder.build(mod, sm80, [trace])
+        assert build.ok, build.error
+        data = open(build.artifact_path, "rb").read()
+        (tuned,) = builder.build(mod, sm80, [cand.trace_json])
+        assert tuned.ok, tuned.error
+    finally:
+        builder.shutdown()
+    assert b"__global__" in data and b"main_kernel" in data and b"threadIdx.x" in data
+
+
+def _gpu_target() -> tvm.target.Target:
+    major, minor = tvm.cuda(0).compute_version.split(".")
+    return cuda_target(f"sm_{major}{minor}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", ["matmul", "softmax"])
+def test_cuda_tuning_times_and_checks_against_the_dlight_baseline(name, tmp_path):
+    """On a GPU: the baseline record is valid (dlight's kernel ran; the unbound function
+    would run as host code on device memory), the check's reference -- the baseline's
+    outputs -- is the right answer, and the best record passes the check against it."""
+    target = _gpu_target()
+    mod, ref = ZOO[name]()
+    tasks = extract_tasks(mod, target)
+    (report,) = tune_tasks(tasks, str(tmp_path), max_trials_global=8, num_trials_per_iter=8,
+                           check_correctness=True, progress_bar=False)
+    assert report.trials == 8 and report.baseline_secs is not None
+    db = JSONDatabase(work_dir=str(tmp_path))
+    records = db.get_all_tuning_records()
+    (base,) = [r for r in records if is_baseline(r)]
+    assert base.is_valid and base.mean_run_secs == pytest.approx(report.baseline_secs)
+    builder, runner = LocalBuilder(max_workers=1), LocalRunner()
+    try:
+        checker = CorrectnessChecker(builder, runner)
+        got = checker.reference(name, tasks[0].mod, target, tasks[0].args_info)
+        assert got is not None
+        np.testing.assert_allclose(got[-1], ref(*got[:-1]), rtol=1e-4, atol=1e-4)
+        best = db.get_top_k(db.commit_workload(tasks[0].mod), 1)[0]
+        if not is_baseline(best):
+            (build,) = builder.build(tasks[0].mod, target, [best.trace_json])
+            assert build.ok and checker.check(name, tasks[0].mod, target, tasks[0].args_info,
+                                              build.artifact_path) is None
+    finally:
+        builder.shutdown()
+        runner.shutdown()
