@@ -248,7 +248,8 @@ def test_tune_max_time_and_scheduler_reach_the_tuner(onnx_model, tmp_path, capsy
     path, _ = onnx_model
     wd = str(tmp_path / "wd")
     config = cli._tune_config(cli.build_parser().parse_args(
-        ["tune", path, "--work-dir", wd, "--max-time", "3", "--scheduler", "round-robin"]))
+        ["tune", path, "--work-dir", wd, "--trials", "2000", "--max-time", "3",
+         "--scheduler", "round-robin"]))
     assert (config.max_time, config.task_scheduler) == (3.0, "round-robin")
     start = __import__("time").perf_counter()
     code, out, err = run_cli(capsys, "tune", path, "--work-dir", wd, "--trials", "2000",
