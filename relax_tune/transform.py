@@ -21,12 +21,13 @@ from tvm import relax, tirx
 
 from .config import TuneConfig, make_config
 from .database import Database, is_baseline
-from .extract import Task, extract_tasks
+from . import dynamic
+from .extract import Task, dynamic_base, dynamic_workloads, extract_tasks, upper_bounds
 from .prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
     backend_pipeline, bind_params, default_prepack, lower_for_tuning, lowering_passes)
 from .tune import TaskReport, tune_tasks
 from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target
-from .work_dir import check_work_dir, open_for_apply
+from .work_dir import check_work_dir, hinted_sizes, open_for_apply
 
 logger = logging.getLogger("relax_tune.transform")
 
@@ -37,7 +38,8 @@ def _tune_module(mod: tvm.IRModule, target, work_dir, database, params,
     A user's mistake (RelaxTuneError) stops the compilation; an internal failure is logged
     and the compilation goes on with the records written so far."""
     target = parse_target(target)
-    tasks = extract_tasks(mod, target, op_names=config.op_names, params=params)
+    tasks = extract_tasks(mod, target, op_names=config.op_names, params=params,
+                          shape_hints=config.shape_hints)
     if not tasks:
         logger.warning("nothing to tune: no static-shape TIR function found")
         return []
@@ -133,13 +135,15 @@ class ExtractTasks:
     """Collect the tuning tasks into ``self.tasks``; the module passes through unchanged."""
 
     def __init__(self, target=None, op_names: Sequence[str] | None = None,
-                 params: dict | None = None):
+                 params: dict | None = None, shape_hints=None):
         self.target, self.op_names, self.params = target, op_names, params
+        self.shape_hints = dynamic.normalize_hints(shape_hints)
         self.tasks: list[Task] = []
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Extract the tasks of ``mod`` and return it unchanged."""
-        self.tasks = extract_tasks(mod, self.target, op_names=self.op_names, params=self.params)
+        self.tasks = extract_tasks(mod, self.target, op_names=self.op_names, params=self.params,
+                                   shape_hints=self.shape_hints)
         return mod
 
 
@@ -154,6 +158,15 @@ class ApplyDatabase:
     enable_warning: log a warning for every function without a record.
     target: Target/str/dict; default the ``with target:`` scope. Only records made for a
         compatible target are used.
+    shape_hints: sizes of symbolic variables to look records up at (as ``TuneIRMod``'s);
+        the sizes tuned into ``work_dir`` (its ``tasks.json``) and the default sizes are
+        looked up as well.
+
+    A function with symbolic dimensions that has records at some sizes (its buckets)
+    becomes one function that dispatches on the symbolic value: the smallest bucket at
+    least as large runs that bucket's best schedule replayed on the symbolic function
+    (predicated tiles, correct at every size), and sizes above every bucket run the
+    untuned function (``relax_tune.dynamic``). Without records it is left unchanged.
 
     The input module is never mutated. Replaced functions keep their attributes and get
     ``tirx.is_scheduled``; functions already scheduled, without records, or whose record
@@ -163,9 +176,10 @@ class ApplyDatabase:
     """
 
     def __init__(self, work_dir: str | None = None, database: Database | None = None,
-                 enable_warning: bool = False, target=None):
+                 enable_warning: bool = False, target=None, shape_hints=None):
         self.work_dir, self.database = work_dir, database
         self.enable_warning, self.target = enable_warning, target
+        self.shape_hints = dynamic.normalize_hints(shape_hints)
         self.applied: list[str] = []
         self.kept: list[str] = []
 
@@ -186,18 +200,83 @@ class ApplyDatabase:
         db = self._database()
         out = mod.clone()
         self.applied, self.kept = [], []
+        bounds = upper_bounds(mod)
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc):
                 continue
             if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
                 continue
             if dynamic_shape_vars(func):
-                continue
-            new = self._apply_one(db, gv.name_hint, func, target)
+                new = self._apply_dynamic(db, gv.name_hint, func, target, bounds)
+            else:
+                new = self._apply_one(db, gv.name_hint, func, target)
             if new is not None:
                 out.update_func(gv, new)
                 self.applied.append(gv.name_hint)
         return out
+
+    def _lookup_sizes(self, func: tirx.PrimFunc, bounds: dict[str, int]) -> dict[str, dict]:
+        """The sizes to look records up at, per symbolic variable of ``func``."""
+        tuned = hinted_sizes(self.work_dir)
+        out = {}
+        for name in dynamic_shape_vars(func):
+            sizes = set(dynamic.default_sizes(bounds.get(name))) | tuned.get(name, set())
+            sizes |= set((self.shape_hints or {}).get(name, {}))
+            out[name] = {size: 1.0 for size in sorted(sizes)}
+        return out
+
+    def _apply_dynamic(self, db: Database, name: str, func: tirx.PrimFunc, target,
+                       bounds: dict[str, int]) -> tirx.PrimFunc | None:
+        """The dispatching function of a symbolic ``func`` built from the records of its
+        buckets, or None (no bucket has a record, or it cannot be built)."""
+        try:
+            specialised = dynamic_workloads(func, self._lookup_sizes(func, bounds), bounds)
+        except RelaxTuneError as err:
+            logger.info("%s: dynamic shape that cannot be specialised (%s); left unchanged",
+                        name, err)
+            return None
+        base = normalize_mod(dynamic_base(func))
+        branches, tuned, kept = [], [], []
+        for bucket, workload in specialised:
+            try:
+                record = db.query_tuning_record(workload, target)
+            except Exception as err:  # a bad record must not break the compilation
+                logger.warning("%s[%s]: could not read its tuning record (%s)", name,
+                               bucket.label, err)
+                continue
+            if record is None:
+                continue
+            branch = None
+            if not is_baseline(record):
+                try:
+                    branch = dynamic.replay_symbolic(base, record.trace_json)
+                    tuned.append(bucket.label)
+                except Exception as err:  # the bucket falls back to the untuned function
+                    logger.warning("%s[%s]: its schedule does not replay on the symbolic "
+                                   "function (%s); the untuned function serves its sizes",
+                                   name, bucket.label, str(err).strip().splitlines()[-1:])
+            if branch is None:
+                kept.append(bucket.label)
+            branches.append((dict(bucket.sizes), branch))
+        if not branches:
+            if self.enable_warning:
+                logger.warning("%s: no tuning record at any size of its symbolic shape; left "
+                               "unchanged", name)
+            return None
+        if not tuned:
+            self.kept.append(name)
+            return None
+        try:
+            new = dynamic.dispatch_function(base["main"], branches)
+        except Exception as err:  # never crash the compilation: the function stays untuned
+            logger.warning("%s: dispatching function not built (%s); left unchanged", name,
+                           err)
+            return None
+        logger.info("%s: dispatch over %s (tuned: %s; untuned: %s and above the largest)",
+                    name, ", ".join(dynamic.Bucket(tuple(s.items())).label
+                                    for s, _ in branches),
+                    ", ".join(tuned), ", ".join(kept) or "none")
+        return _with_attrs_of(new, func)
 
     def _apply_one(self, db: Database, name: str, func: tirx.PrimFunc,
                    target) -> tirx.PrimFunc | None:
@@ -217,12 +296,17 @@ class ApplyDatabase:
             # schedule beat it, so the function stays exactly as it was.
             self.kept.append(name)
             return None
-        new = sch.mod["main"]
-        if func.attrs is not None:
-            new = new.with_attrs(func.attrs)
-        if func.attrs is None or "global_symbol" not in func.attrs:
-            new = new.without_attr("global_symbol")
-        return new.with_attr("tirx.is_scheduled", True)
+        return _with_attrs_of(sch.mod["main"], func)
+
+
+def _with_attrs_of(new: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """A scheduled ``new`` carrying ``func``'s attributes (and no global symbol where it
+    had none), marked ``tirx.is_scheduled``."""
+    if func.attrs is not None:
+        new = new.with_attrs(func.attrs)
+    if func.attrs is None or "global_symbol" not in func.attrs:
+        new = new.without_attr("global_symbol")
+    return new.with_attr("tirx.is_scheduled", True)
 
 
 def _without_transform_params(mod: tvm.IRModule) -> tvm.IRModule:
@@ -304,7 +388,7 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
         with tgt:
             if max_trials_global > 0:
                 tuner(_without_transform_params(mod))
-            post = [ApplyDatabase(work_dir=work_dir)]
+            post = [ApplyDatabase(work_dir=work_dir, shape_hints=tuner.config.shape_hints)]
             if prepack:
                 post += [relax.transform.SplitLayoutRewritePreproc(),
                          *([relax.transform.LiftTransformParams()]

@@ -384,7 +384,7 @@ def tune_tir(mod: tvm.IRModule | tvm.tirx.PrimFunc, target=None, work_dir: str |
     if isinstance(mod, tvm.tirx.PrimFunc):
         mod = tvm.IRModule({"main": mod})
     target = parse_target(target)
-    tasks = extract_tasks(mod, target, op_names=cfg.op_names)
+    tasks = extract_tasks(mod, target, op_names=cfg.op_names, shape_hints=cfg.shape_hints)
     db = open_database(work_dir, database)
     tune_tasks(tasks, work_dir, cfg, database=db)
     return db
@@ -399,7 +399,8 @@ def tune_relax(mod: tvm.IRModule, params: dict | None, target=None,
     the records were written to."""
     cfg = make_config(config, **options)
     target = parse_target(target)
-    tasks = extract_tasks(mod, target, op_names=cfg.op_names, params=params)
+    tasks = extract_tasks(mod, target, op_names=cfg.op_names, params=params,
+                          shape_hints=cfg.shape_hints)
     db = open_database(work_dir, database)
     tune_tasks(tasks, work_dir, cfg, database=db)
     return db
