@@ -261,9 +261,13 @@ def symbolic_trace_json(trace_json: list) -> list:
 def replay_symbolic(mod: tvm.IRModule, trace_json: list) -> tirx.PrimFunc:
     """The function of ``mod`` (a normalised symbolic workload) scheduled by a static
     record's trace (``symbolic_trace_json``). Vectorisation of loops whose extent stays
-    symbolic is dropped (LLVM cannot vectorise them; the loop stays a plain loop). Raises
-    when the trace does not replay."""
+    symbolic is dropped (TVM cannot vectorise them; the loop stays a plain loop). Raises
+    when the trace does not replay on symbolic extents (the caller tries the bucket's next
+    record)."""
     sch = Schedule(mod, error_render_level="none")
+    # Raises, e.g., for an rfactor of a reduction over n split by a factor that does not
+    # divide n: TVM refuses to decompose its init (not quasi-affine), and rightly so, since
+    # without the decomposition the rfactor slots past n would never be initialised.
     Trace.apply_json_to_schedule(symbolic_trace_json(trace_json), sch)
     trace = sch.trace
     drop: list[int] = []

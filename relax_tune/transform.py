@@ -248,13 +248,10 @@ class ApplyDatabase:
                 continue
             branch = None
             if not is_baseline(record):
-                try:
-                    branch = dynamic.replay_symbolic(base, record.trace_json)
+                branch = _bucket_branch(db, workload, target, base, record,
+                                        f"{name}[{bucket.label}]")
+                if branch is not None:
                     tuned.append(bucket.label)
-                except Exception as err:  # the bucket falls back to the untuned function
-                    logger.warning("%s[%s]: its schedule does not replay on the symbolic "
-                                   "function (%s); the untuned function serves its sizes",
-                                   name, bucket.label, str(err).strip().splitlines()[-1:])
             if branch is None:
                 kept.append(bucket.label)
             branches.append((dict(bucket.sizes), branch))
@@ -297,6 +294,41 @@ class ApplyDatabase:
             self.kept.append(name)
             return None
         return _with_attrs_of(sch.mod["main"], func)
+
+
+BUCKET_ALTERNATIVES = 8
+"""Records of a bucket tried, fastest first, until one replays on the symbolic function."""
+
+
+def _bucket_branch(db: Database, workload: tvm.IRModule, target, base: tvm.IRModule,
+                   best, label: str) -> tirx.PrimFunc | None:
+    """The bucket's fastest schedule that replays on the symbolic function ``base``; None
+    (the untuned function serves the bucket) when none faster than the untuned one does.
+
+    Not every static schedule survives symbolic extents: a reduction split by a factor
+    that does not divide ``n`` (rfactor) is no longer quasi-affine, and TVM refuses to
+    decompose it; the next fastest record is tried then."""
+    records = [best]
+    try:
+        if db.has_workload(workload):
+            records += [r for r in db.get_top_k(db.commit_workload(workload),
+                                                BUCKET_ALTERNATIVES, target)
+                        if r.trace_json != best.trace_json]
+    except Exception as err:  # a database without top-k: the best record only
+        logger.debug("%s: no alternative records (%s)", label, err)
+    errors = []
+    for record in records[:BUCKET_ALTERNATIVES]:
+        if is_baseline(record):
+            break  # the rest are slower than the untuned function
+        try:
+            return dynamic.replay_symbolic(base, record.trace_json)
+        except Exception as err:
+            errors.append(str(err).strip().splitlines()[0] if str(err).strip() else
+                          type(err).__name__)
+    logger.warning("%s: none of its %d fastest schedules replays on the symbolic function "
+                   "(%s); the untuned function serves its sizes", label, len(errors),
+                   "; ".join(errors[:2]))
+    return None
 
 
 def _with_attrs_of(new: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:
