@@ -40,6 +40,8 @@ class Task:
     func_names: names of the module functions that share this workload.
     shape: for a function with symbolic dimensions, the sizes this task specialises it to
         (``{"n": 16}``; ``relax_tune.dynamic``); None for a static function.
+    symbolic: then also the symbolic function as ``ApplyDatabase`` replays the task's
+        schedules on it (a candidate that does not replay there is of no use).
     """
 
     task_name: str
@@ -49,6 +51,7 @@ class Task:
     shash: int = 0
     func_names: list[str] = field(default_factory=list)
     shape: dict[str, int] | None = None
+    symbolic: tvm.IRModule | None = field(default=None, repr=False)
 
     @functools.cached_property
     def args_info(self) -> list:
@@ -213,7 +216,8 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
 
 def _add_task(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,
               workload: tvm.IRModule, weight, target, task_name: str | None = None,
-              shape: dict[str, int] | None = None) -> None:
+              shape: dict[str, int] | None = None,
+              symbolic: tvm.IRModule | None = None) -> None:
     """A new task for ``workload``, or more weight for the task that already has it."""
     shash = structural_hash(workload)
     same = next((t for t in by_hash.get(shash, [])
@@ -223,7 +227,7 @@ def _add_task(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,
         same.func_names.append(name)
         return
     task = Task(task_name=task_name or name, mod=workload, target=target, weight=weight,
-                shash=shash, func_names=[name], shape=shape)
+                shash=shash, func_names=[name], shape=shape, symbolic=symbolic)
     by_hash.setdefault(shash, []).append(task)
     tasks.append(task)
 
@@ -243,7 +247,9 @@ def _add_dynamic(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,
                     "--dynamic to choose them)", name, ", ".join(unhinted),
                     ", ".join(sorted({b.label for b, _ in specialised},
                                      key=lambda x: [int(p.split("=")[1]) for p in x.split(",")])))
+    symbolic = normalize_mod(dynamic_base(func))
     for bucket, workload in specialised:
         w = weight * bucket.weight
         _add_task(tasks, by_hash, name, workload, int(w) if float(w).is_integer() else w,
-                  target, task_name=f"{name}[{bucket.label}]", shape=dict(bucket.sizes))
+                  target, task_name=f"{name}[{bucket.label}]", shape=dict(bucket.sizes),
+                  symbolic=symbolic)

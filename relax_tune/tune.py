@@ -20,7 +20,7 @@ from .config import TuneConfig, make_config
 from .cost_model import make_cost_model
 from .database import BASELINE_TRACE, Database, TuningRecord, is_baseline
 from .extract import Task, extract_tasks
-from .measure import LocalBuilder, LocalRunner, Measured, Measurer
+from .measure import BuildResult, LocalBuilder, LocalRunner, Measured, Measurer, RunResult
 from .measure.measurer import Incumbent
 from .progress import Progress
 from .scheduler import TaskProgress, make_scheduler
@@ -339,11 +339,38 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
              measurer: Measurer) -> None:
     """Measure one batch of one task (None: the untuned function) and commit it: one record
     per candidate, the report updated, the search told how its candidates did."""
+    if st.task.symbolic is not None and None not in cands:
+        cands, unusable = _symbolic_screen(st.task, cands)
+        if unusable:
+            _commit(st, [c for c, _ in unusable], [Measured(
+                c.trace_json, BuildResult(None, why, 0.0), RunResult(None, why))
+                for c, why in unusable], db)
+        if not cands:
+            return
     traces = [None if c is None else c.trace_json for c in cands]
     prepare = None if None in traces else (lambda: st.search.prepare(st.measured))
     batch = measurer.measure(st.task, traces, st.incumbent, st.report.best_secs,
                              st.report.baseline_secs, while_building=prepare)
     _commit(st, cands, batch, db)
+
+
+def _symbolic_screen(task: Task, cands: list[Candidate]
+                     ) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
+    """A bucket of a symbolic function: split the candidates into those whose schedule
+    replays on the symbolic function (what ``ApplyDatabase`` will run) and those that do
+    not, with why; the latter are recorded as failed without being built."""
+    from .dynamic import replay_symbolic
+
+    usable, unusable = [], []
+    for cand in cands:
+        try:
+            replay_symbolic(task.symbolic, cand.trace_json)
+            usable.append(cand)
+        except Exception as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            unusable.append((cand, f"does not replay on the symbolic function: "
+                                   f"{type(err).__name__} {first}"))
+    return usable, unusable
 
 
 def _commit(st: _TaskState, cands: list[Candidate | None], batch: list[Measured],
