@@ -8,11 +8,12 @@ cannot be scheduled for one size. relax_tune handles it in two halves:
   function's call sites (times the hint's weight). Records are ordinary records of the
   specialised workloads, readable by MetaSchedule.
 - Applying (``ApplyDatabase``): ``dispatch_function`` makes one PrimFunc with the symbolic
-  signature whose body is an ``if n <= b1 ... elif n <= b2 ... else`` chain. Branch ``b`` is
-  the best trace of the size-``b`` task replayed on the *symbolic* function
-  (``replay_symbolic``): tile sizes become fixed split factors with a ceil-divided outer
-  loop, so the tiles are predicated and the branch is correct at every size up to ``b``,
-  tuned for ``b``. Sizes above the largest bucket run the untuned function. A bucket whose
+  signature whose body is an ``if n <= l1 ... elif n <= l2 ... else`` chain, ``l`` the
+  limits between neighbouring buckets (``upper_limit``: nearest bucket on a log scale).
+  Branch ``b`` is the best trace of the size-``b`` task replayed on the *symbolic*
+  function (``replay_symbolic``): tile sizes become fixed split factors with a
+  ceil-divided outer loop, so the tiles are predicated and the branch is correct at every
+  size, tuned for ``b``. Sizes above the largest bucket run the untuned function. A bucket whose
   best record is its baseline (the untuned function) runs the untuned body: never slower
   than untuned per bucket.
 """
@@ -20,6 +21,7 @@ cannot be scheduled for one size. relax_tune handles it in two halves:
 from __future__ import annotations
 
 import itertools
+import math
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -300,20 +302,26 @@ def replay_symbolic(mod: tvm.IRModule, trace_json: list) -> tirx.PrimFunc:
 def dispatch_function(func: tirx.PrimFunc,
                       branches: Sequence[tuple[Mapping[str, int], tirx.PrimFunc | None]]
                       ) -> tirx.PrimFunc:
-    """One PrimFunc with ``func``'s signature that runs ``branches[i][1]``'s body when every
-    symbolic variable is at most ``branches[i][0]``'s size (the first such branch, in the
-    order given: smallest first), and ``func``'s own body otherwise. A branch whose function
-    is None runs ``func``'s body too (its bucket's best record is the untuned function).
+    """One PrimFunc with ``func``'s signature that runs, for each symbolic value, the branch
+    of the nearest bucket, and ``func``'s own body above the largest one.
 
-    Every branch function must be ``func`` scheduled (same parameters)."""
+    ``branches`` are ``(sizes, function)`` pairs, smallest first. A variable at size ``s``
+    serves values up to ``upper_limit`` (the geometric mean of ``s`` and the next larger
+    hinted size: nearest on a log scale; ``s`` itself for the largest). The first branch
+    whose variables are all within their limits runs. A branch whose function is None runs
+    ``func``'s body (its bucket's best record is the untuned function). Every branch
+    function must be ``func`` scheduled (same parameters)."""
     variables = {v.name: v for v in symbolic_vars(func)}
+    hinted = {name: sorted({int(sizes[name]) for sizes, _ in branches if name in sizes})
+              for name in variables}
     body = func.body
     for sizes, branch in reversed(list(branches)):
         branch = _rebind(func if branch is None else branch, func)
         cond = None
         for name, size in sizes.items():
             var = variables[name]
-            term = var <= tirx.IntImm(_dtype(var), int(size))
+            limit = upper_limit(int(size), hinted[name])
+            term = var <= tirx.IntImm(_dtype(var), limit)
             cond = term if cond is None else tirx.And(cond, term)
         body = tirx.IfThenElse(cond, branch.body, body)
     # The branches share loop variables and intermediate buffers with each other and with
@@ -322,6 +330,16 @@ def dispatch_function(func: tirx.PrimFunc,
     # variables but not the blocks' buffers; RenewDefs renews the parameters too).
     text = tvm.IRModule({"main": func.with_body(body)}).script()
     return tvm.script.from_source(text)["main"]
+
+
+def upper_limit(size: int, sizes: Sequence[int]) -> int:
+    """The largest value the bucket at ``size`` serves among the hinted ``sizes``: up to the
+    geometric mean with the next larger size (the nearest bucket on a log scale), ``size``
+    itself for the largest (above it the untuned function runs)."""
+    larger = [s for s in sorted(sizes) if s > size]
+    if not larger:
+        return int(size)
+    return max(int(size), int(math.isqrt(int(size) * larger[0])))
 
 
 def _rebind(branch: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -235,6 +235,11 @@ def _add_task(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,
 def _add_dynamic(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,
                  func: tirx.PrimFunc, weight: int, target, hints, bounds) -> None:
     """One task per bucket of a function with symbolic dimensions (or a logged skip)."""
+    if target.kind.name != "llvm":  # ApplyDatabase builds the dispatch on CPU only
+        logger.warning("skipping %s: dynamic shape (symbolic %s) is tuned on CPU (llvm) "
+                       "targets only; %s runs its default schedule", name,
+                       ", ".join(dynamic_shape_vars(func)), target.kind.name)
+        return
     try:
         specialised = dynamic_workloads(func, hints, bounds)
     except RelaxTuneError as err:

@@ -163,10 +163,10 @@ class ApplyDatabase:
         looked up as well.
 
     A function with symbolic dimensions that has records at some sizes (its buckets)
-    becomes one function that dispatches on the symbolic value: the smallest bucket at
-    least as large runs that bucket's best schedule replayed on the symbolic function
-    (predicated tiles, correct at every size), and sizes above every bucket run the
-    untuned function (``relax_tune.dynamic``). Without records it is left unchanged.
+    becomes one function that dispatches on the symbolic value: the nearest bucket (log
+    scale) runs its best schedule replayed on the symbolic function (predicated tiles,
+    correct at every size), and sizes above every bucket run the untuned function
+    (``relax_tune.dynamic``; CPU targets). Without records it is left unchanged.
 
     The input module is never mutated. Replaced functions keep their attributes and get
     ``tirx.is_scheduled``; functions already scheduled, without records, or whose record
@@ -229,6 +229,12 @@ class ApplyDatabase:
                        bounds: dict[str, int]) -> tirx.PrimFunc | None:
         """The dispatching function of a symbolic ``func`` built from the records of its
         buckets, or None (no bucket has a record, or it cannot be built)."""
+        if target.kind.name != "llvm":
+            # One kernel with an if/else over n cannot hold GPU branches that synchronise
+            # threads (TVM: "Cannot insert syncs inside condition"); dlight schedules it.
+            logger.info("%s: dynamic-shape dispatch is built for CPU targets only; left to "
+                        "the default schedules on %s", name, target.kind.name)
+            return None
         try:
             specialised = dynamic_workloads(func, self._lookup_sizes(func, bounds), bounds)
         except RelaxTuneError as err:

@@ -175,8 +175,9 @@ def test_apply_database_without_records_leaves_symbolic_functions_unchanged(targ
 # The dispatching function: a dynamic zoo
 
 BUCKETS = (16, 64)
-SIZES = (1, 13, 16, 17, 64, 65)
-"""1, a prime, a bucket, between buckets, the largest bucket, beyond it (untuned)."""
+SIZES = (1, 13, 16, 17, 33, 64, 65)
+"""1, a prime, a bucket, between buckets (nearer the smaller, nearer the larger), the
+largest bucket, beyond it (untuned)."""
 
 
 def _ph(shape, name):
@@ -330,9 +331,12 @@ def test_baseline_bucket_runs_the_untuned_body(target):
         base, _candidates(space, normalize_mod(dynamic.specialize(func, {"n": 64})), 7, 1)[0])
     disp = dynamic.dispatch_function(base["main"], [({"n": 16}, None), ({"n": 64}, tuned64)])
     text = disp.script()
-    first, rest = text.split("if n <= T.int64(16):")[1].split("else:", 1)
+    # 16 serves up to 32 (nearest on a log scale), 64 up to 64, the untuned body above
+    first, rest = text.split("if n <= T.int64(32):")[1].split("else:", 1)
     assert "T.parallel" not in first and "T.parallel" in rest  # untuned body, then tuned
     assert "if n <= T.int64(64):" in rest
+    assert dynamic.upper_limit(16, [1, 16, 64]) == 32 and dynamic.upper_limit(1, [1, 16]) == 4
+    assert dynamic.upper_limit(64, [16, 64]) == 64
 
 
 # ---------------------------------------------------------------------------------------
@@ -377,3 +381,30 @@ def test_pipeline_with_records_matches_untuned_at_every_size(target, tmp_path):
         np.testing.assert_allclose(_run(tuned, x), _run(untuned, x), rtol=1e-4, atol=1e-4,
                                    err_msg=f"n={n}")
     assert os.path.isfile(os.path.join(work, "tasks.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama_block", "bert_layer"])
+def test_reduced_decoder_and_encoder_through_the_pipeline(name, target, tmp_path):
+    """The reduced Llama-style block and BERT-style layer tuned through the pipeline (hints
+    {16, 64}, two trials per task) match TVM's untuned build at 1, 13, 64 and 65."""
+    from relax_tune.prepare import bind_params
+
+    mod, params = getattr(models, name)(dim=32, heads=2, hidden=64)
+    rng = np.random.default_rng(0)
+    weights = {p: (rng.uniform(-1, 1, [int(d) for d in v.shape]) /
+                   np.sqrt([int(d) for d in v.shape][-1])).astype("float32")
+               for p, v in params}
+    hints = {"n": [16, 64]}
+    with target:
+        lowered = rt.transform.lower_for_tuning(mod, target, weights)
+        untuned = tvm.compile(relax.get_pipeline("zero")(bind_params(mod, weights)), target)
+    tasks = rt.extract_tasks(lowered, target, shape_hints=hints)
+    tuned = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=str(tmp_path / "w"),
+        max_trials_global=2 * len(tasks), params=weights, shape_hints=hints,
+        num_trials_per_iter=2, progress_bar=False))
+    for n in (1, 13, 64, 65):
+        x = rng.uniform(-1, 1, (1, n, 32)).astype("float32")
+        np.testing.assert_allclose(_run(tuned, x), _run(untuned, x), rtol=1e-3, atol=1e-4,
+                                   err_msg=f"{name} at n={n}")
