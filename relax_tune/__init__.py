@@ -12,7 +12,7 @@
 Importing the package registers the pipeline ``relax.get_pipeline("relax_tune", ...)``.
 """
 
-from . import database, transform
+from . import database, dynamic, transform
 from .database import (
     Database,
     JSONDatabase,
@@ -28,6 +28,7 @@ from .model_loader import LoadedModel, load_model
 from .transform import ApplyDatabase, ExtractTasks, TuneIRMod, TuneTIR, relax_tune_pipeline
 from .tune import TaskReport, tune_relax, tune_tasks, tune_tir
 from .config import TuneConfig
+from .dynamic import parse_shape_hints
 from .utils import RelaxTuneError, host_target
 
 transform.register_pipeline()
@@ -36,6 +37,6 @@ __all__ = [
     "ApplyDatabase", "Database", "ExtractTasks", "ExtractedTask", "JSONDatabase",
     "LoadedModel", "MemoryDatabase", "OrderedUnionDatabase", "RelaxTuneError", "ScheduleFnDatabase",
     "Task", "TaskReport", "TuneConfig", "TuneIRMod", "TuneTIR", "TuningRecord", "UnionDatabase", "Workload",
-    "database", "extract_tasks", "host_target", "load_model", "relax_tune_pipeline", "transform",
-    "tune_relax", "tune_tasks", "tune_tir",
+    "database", "dynamic", "extract_tasks", "host_target", "load_model", "relax_tune_pipeline", "transform",
+    "parse_shape_hints", "tune_relax", "tune_tasks", "tune_tir",
 ]

@@ -13,21 +13,22 @@ cannot be scheduled for one size. relax_tune handles it in two halves:
   Branch ``b`` is the best trace of the size-``b`` task replayed on the *symbolic*
   function (``replay_symbolic``): tile sizes become fixed split factors with a
   ceil-divided outer loop, so the tiles are predicated and the branch is correct at every
-  size, tuned for ``b``. Sizes above the largest bucket run the untuned function. A bucket whose
-  best record is its baseline (the untuned function) runs the untuned body: never slower
-  than untuned per bucket.
+  size, tuned for ``b``. Sizes above the largest bucket run the untuned function. A
+  bucket whose best record is its baseline (the untuned function) runs the untuned body:
+  never slower than untuned per bucket.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import Schedule, Trace
 
@@ -162,8 +163,6 @@ def symbolic_vars(func: tirx.PrimFunc) -> list[tirx.Var]:
 
 def _vars_in(expr) -> list[tirx.Var]:
     found: list[tirx.Var] = []
-    import tvm_ffi
-
     tvm_ffi.structural_walk(expr, [(tirx.Var, found.append)])
     return found
 
@@ -316,7 +315,7 @@ def dispatch_function(func: tirx.PrimFunc,
               for name in variables}
     body = func.body
     for sizes, branch in reversed(list(branches)):
-        branch = _rebind(func if branch is None else branch, func)
+        branch = _same_params(func if branch is None else branch, func)
         cond = None
         for name, size in sizes.items():
             var = variables[name]
@@ -342,7 +341,8 @@ def upper_limit(size: int, sizes: Sequence[int]) -> int:
     return max(int(size), int(math.isqrt(int(size) * larger[0])))
 
 
-def _rebind(branch: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:
+def _same_params(branch: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``branch``, checked to be ``func`` scheduled: the very same parameters."""
     if len(branch.params) != len(func.params) or not all(
             a.same_as(b) for a, b in zip(branch.params, func.params)):
         raise RelaxTuneError("a dispatch branch does not share the function's parameters")

@@ -246,7 +246,7 @@ def _add_dynamic(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,
         logger.warning("skipping %s: dynamic shape (symbolic %s): %s", name,
                        ", ".join(dynamic_shape_vars(func)), err)
         return
-    unhinted = [v for v in dynamic_shape_vars(func) if v not in (hints or {})]
+    unhinted = [v.name for v in dynamic.symbolic_vars(func) if v.name not in (hints or {})]
     if unhinted:
         logger.info("%s: symbolic %s tuned at the default sizes %s (give shape_hints / "
                     "--dynamic to choose them)", name, ", ".join(unhinted),

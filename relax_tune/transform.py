@@ -219,7 +219,7 @@ class ApplyDatabase:
         """The sizes to look records up at, per symbolic variable of ``func``."""
         tuned = hinted_sizes(self.work_dir)
         out = {}
-        for name in dynamic_shape_vars(func):
+        for name in (v.name for v in dynamic.symbolic_vars(func)):
             sizes = set(dynamic.default_sizes(bounds.get(name))) | tuned.get(name, set())
             sizes |= set((self.shape_hints or {}).get(name, {}))
             out[name] = {size: 1.0 for size in sorted(sizes)}

@@ -118,7 +118,7 @@ def test_one_static_task_per_hinted_size(target):
     assert len({t.shash for t in tasks}) == 2
     for task in tasks:  # ordinary static workloads: what MetaSchedule would store
         assert not rt.utils.dynamic_shape_vars(task.mod["main"])
-        tvm_ffi.structural_equal(task.mod, normalize_mod(task.mod))
+        assert tvm_ffi.structural_equal(task.mod, normalize_mod(task.mod))
 
 
 def test_default_sizes_follow_the_upper_bound_and_are_logged(target, caplog):
