@@ -387,7 +387,7 @@ def test_pipeline_with_records_matches_untuned_at_every_size(target, tmp_path):
 @pytest.mark.parametrize("name", ["llama_block", "bert_layer"])
 def test_reduced_decoder_and_encoder_through_the_pipeline(name, target, tmp_path):
     """The reduced Llama-style block and BERT-style layer tuned through the pipeline (hints
-    {16, 64}, two trials per task) match TVM's untuned build at 1, 13, 64 and 65."""
+    {16, 64}, one trial per task) match TVM's untuned build at 1, 13, 64 and 65."""
     from relax_tune.prepare import bind_params
 
     mod, params = getattr(models, name)(dim=32, heads=2, hidden=64)
@@ -402,8 +402,8 @@ def test_reduced_decoder_and_encoder_through_the_pipeline(name, target, tmp_path
     tasks = rt.extract_tasks(lowered, target, shape_hints=hints)
     tuned = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
         "relax_tune", target=target, work_dir=str(tmp_path / "w"),
-        max_trials_global=2 * len(tasks), params=weights, shape_hints=hints,
-        num_trials_per_iter=2, progress_bar=False))
+        max_trials_global=len(tasks), params=weights, shape_hints=hints,
+        num_trials_per_iter=1, progress_bar=False))
     for n in (1, 13, 64, 65):
         x = rng.uniform(-1, 1, (1, n, 32)).astype("float32")
         np.testing.assert_allclose(_run(tuned, x), _run(untuned, x), rtol=1e-3, atol=1e-4,
