@@ -212,18 +212,23 @@ MODELS: dict[str, Callable[[], tuple[tvm.IRModule, list]]] = {
     "mlp": demo_model,
     "conv_net": conv_net,
     "transformer_block": transformer_block,
+}
+"""The small static-shape models by name."""
+
+DYNAMIC_MODELS: dict[str, Callable[[], tuple[tvm.IRModule, list]]] = {
     "llama_block": llama_block,
     "bert_layer": bert_layer,
 }
-"""Models by name; ``llama_block`` and ``bert_layer`` take a dynamic sequence length."""
+"""Models with a dynamic sequence length ``n`` by name (full size by default)."""
 
 
 def get_model(name: str) -> tuple[tvm.IRModule, list]:
     """``(mod, params)`` of a model by name: one of ``MODELS`` (mlp, conv_net,
-    transformer_block, llama_block, bert_layer)."""
-    if name not in MODELS:
-        raise RelaxTuneError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
-    return MODELS[name]()
+    transformer_block) or ``DYNAMIC_MODELS`` (llama_block, bert_layer)."""
+    table = {**MODELS, **DYNAMIC_MODELS}
+    if name not in table:
+        raise RelaxTuneError(f"unknown model {name!r}; choose one of {', '.join(table)}")
+    return table[name]()
 
 
 def input_shapes(mod: tvm.IRModule, func_name: str = "forward",
