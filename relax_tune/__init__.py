@@ -12,7 +12,7 @@
 Importing the package registers the pipeline ``relax.get_pipeline("relax_tune", ...)``.
 """
 
-from . import database, transform
+from . import database, dynamic, transform
 from .database import (
     Database,
     JSONDatabase,
@@ -29,6 +29,7 @@ from .transform import ApplyDatabase, ExtractTasks, TuneIRMod, TuneTIR, relax_tu
 from .report import TaskReport
 from .tune import tune_relax, tune_tasks, tune_tir
 from .config import TuneConfig
+from .dynamic import parse_shape_hints
 from .utils import RelaxTuneError, host_target
 
 transform.register_pipeline()
@@ -37,6 +38,6 @@ __all__ = [
     "ApplyDatabase", "Database", "ExtractTasks", "ExtractedTask", "JSONDatabase",
     "LoadedModel", "MemoryDatabase", "OrderedUnionDatabase", "RelaxTuneError", "ScheduleFnDatabase",
     "Task", "TaskReport", "TuneConfig", "TuneIRMod", "TuneTIR", "TuningRecord", "UnionDatabase", "Workload",
-    "database", "extract_tasks", "host_target", "load_model", "relax_tune_pipeline", "transform",
-    "tune_relax", "tune_tasks", "tune_tir",
+    "database", "dynamic", "extract_tasks", "host_target", "load_model", "relax_tune_pipeline", "transform",
+    "parse_shape_hints", "tune_relax", "tune_tasks", "tune_tir",
 ]

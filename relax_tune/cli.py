@@ -52,6 +52,14 @@ def make_rpc_runner(text: str) -> Any:
     return RPCRunner(tracker, key)
 
 
+def _dynamic_hints(args: argparse.Namespace):
+    """``--dynamic n=1,16,64`` (repeatable) as shape hints, or None."""
+    from .dynamic import parse_shape_hints
+
+    values = getattr(args, "dynamic", None)
+    return parse_shape_hints(values) if values else None
+
+
 def _tune_config(args: argparse.Namespace):
     """The tuning session the command line asks for (``relax_tune.TuneConfig``)."""
     from .config import make_config
@@ -59,7 +67,8 @@ def _tune_config(args: argparse.Namespace):
     wanted = {"max_trials_global": args.trials, "max_trials_per_task": args.trials_per_task,
               "max_time": args.max_time, "task_scheduler": args.scheduler,
               "num_trials_per_iter": args.trials_per_iter, "strategy": args.strategy,
-              "seed": args.seed, "op_names": _split_names(args.op_names)}
+              "seed": args.seed, "op_names": _split_names(args.op_names),
+              "shape_hints": _dynamic_hints(args)}
     return make_config(**{k: v for k, v in wanted.items() if v is not None})
 
 
@@ -80,9 +89,10 @@ def _tune(args: argparse.Namespace) -> int:
     check_work_dir(args.work_dir)
     target = parse_target(_target_arg(args.target))
     model = load_model(args.model, parse_shape_dict(args.input_shape))
-    tasks = extract_tasks(model.lowered(target), target, op_names=config.op_names)
+    tasks = extract_tasks(model.lowered(target), target, op_names=config.op_names,
+                          shape_hints=config.shape_hints)
     if not tasks:
-        print("relax-tune: nothing to tune (no static-shape TIR function in the model)")
+        print("relax-tune: nothing to tune (no TIR function in the model)")
         return 0
     print(f"relax-tune: {len(tasks)} tasks of {args.model} on {target.kind.name} "
           f"({', '.join(t.task_name for t in tasks)}); {args.trials} trials, "
@@ -130,10 +140,12 @@ def _compile(args: argparse.Namespace) -> int:
                              f"gcc-{triple}) or write an archive the device links (-o model.tar)")
     db = open_work_dir(args.work_dir)
     model = load_model(args.model, parse_shape_dict(args.input_shape))
-    tasks = extract_tasks(model.lowered(target), target)
+    hints = _dynamic_hints(args)
+    tasks = extract_tasks(model.lowered(target), target, shape_hints=hints)
     best = [db.query_tuning_record(t.mod, target) for t in tasks]
     tuned = sum(1 for rec in best if rec is not None and not is_baseline(rec))
-    pipeline = model.compile_pipeline(target, args.work_dir, max_trials_global=0)
+    pipeline = model.compile_pipeline(target, args.work_dir, max_trials_global=0,
+                                      shape_hints=hints)
     ex = tvm.compile(model.mod, target, relax_pipeline=pipeline)
     out = os.path.abspath(args.output)
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -299,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--strategy", default=None,
                       help="search strategy by name (default: the tuner's)")
     tune.add_argument("--seed", type=int, default=None, help="random seed of the search")
+    tune.add_argument("--dynamic", action="append", default=None, metavar="NAME=S1,S2,...",
+                      help="sizes a symbolic dimension is tuned at, e.g. n=1,16,64,256,1024 "
+                           "(SIZE:WEIGHT weighs a size; repeat for more variables); default: "
+                           "1 and the powers of 4 up to the model's bound or 1024")
     tune.add_argument("--rpc", default=None, metavar="HOST:PORT:KEY",
                       help="measure on a remote device through a TVM RPC tracker at HOST:PORT "
                            "with device key KEY (give the device's --target)")
@@ -312,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "tvm.runtime.load_module(path) and relax.VirtualMachine(lib, tvm.cpu()).")
     _add_model_args(comp)
     comp.add_argument("--work-dir", required=True, help="the work dir `tune` wrote")
+    comp.add_argument("--dynamic", action="append", default=None, metavar="NAME=S1,S2,...",
+                      help="extra sizes of a symbolic dimension to look records up at (the "
+                           "sizes `tune` used are found in the work dir)")
     comp.add_argument("-o", "--output", required=True,
                       help="library to write, e.g. model.so (for a --target of another "
                            "architecture linked by its <mtriple>-gcc), or model.tar: object "

@@ -41,6 +41,10 @@ class TuneConfig:
     check_correctness: compare a would-be best with the task's baseline before it counts.
     head_to_head_rounds: rounds of alternating re-timing for close would-be bests (0: off).
     progress_bar: force the bar on a terminal on (True) or off (False); None: automatic.
+    shape_hints: the sizes each symbolic shape variable is tuned at, ``{"n": [1, 16, 64]}``
+        or ``{"n": {16: 2.0, 64: 1.0}}`` (size: weight), or the command line's
+        ``"n=1,16,64"``; stored as ``{name: {size: weight}}``. None: 1 and the powers of 4
+        up to the variable's upper bound (1024 without one). See ``relax_tune.dynamic``.
     builder: a ``relax_tune.measure`` builder (None: a ``LocalBuilder`` per session).
     runner: a ``relax_tune.measure`` runner (None: a ``LocalRunner`` per session).
     """
@@ -60,6 +64,7 @@ class TuneConfig:
     check_correctness: bool = True
     head_to_head_rounds: int = 3
     progress_bar: bool | None = None
+    shape_hints: Any = None
     builder: Any = None
     runner: Any = None
 
@@ -92,6 +97,9 @@ class TuneConfig:
             raise RelaxTuneError(f"progress_bar must be True, False or None, not "
                                  f"{self.progress_bar!r}")
         _check_int("head_to_head_rounds", self.head_to_head_rounds, minimum=0)
+        from .dynamic import normalize_hints
+
+        object.__setattr__(self, "shape_hints", normalize_hints(self.shape_hints))
         _check_part("builder", self.builder, "Builder")
         _check_part("runner", self.runner, "Runner")
 

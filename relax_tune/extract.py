@@ -12,6 +12,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.s_tir import analysis as s_analysis
 
+from . import dynamic
 from .prepare import bind_and_fold, bind_params  # noqa: F401 (bind_params re-exported)
 from .utils import (RelaxTuneError, args_info, dynamic_shape_vars, normalize_mod, parse_target,
                     structural_hash)
@@ -37,6 +38,10 @@ class Task:
     weight: number of ``call_tir`` sites that call it (1 for a bare TIR function).
     shash: structural hash of ``mod`` (the key the database stores).
     func_names: names of the module functions that share this workload.
+    shape: for a function with symbolic dimensions, the sizes this task specialises it to
+        (``{"n": 16}``; ``relax_tune.dynamic``); None for a static function.
+    symbolic: then also the symbolic function as ``ApplyDatabase`` replays the task's
+        schedules on it (a candidate that does not replay there is of no use).
     """
 
     task_name: str
@@ -45,6 +50,8 @@ class Task:
     weight: int
     shash: int = 0
     func_names: list[str] = field(default_factory=list)
+    shape: dict[str, int] | None = None
+    symbolic: tvm.IRModule | None = field(default=None, repr=False)
 
     @functools.cached_property
     def args_info(self) -> list:
@@ -107,15 +114,54 @@ def check_op_names(op_names: Sequence[str] | None, names: Iterable[str]) -> None
             f"{', '.join(sorted(set(names))) or '(none)'}")
 
 
+def upper_bounds(mod: tvm.IRModule) -> dict[str, int]:
+    """``{var name: bound}`` from the ``tir_var_upper_bound`` attributes of the Relax
+    functions of ``mod`` (the smallest bound when several functions give one)."""
+    out: dict[str, int] = {}
+    for _, func in mod.functions.items():
+        if not isinstance(func, relax.Function) or func.attrs is None:
+            continue
+        bounds = func.attrs.get("tir_var_upper_bound", None)
+        for name, value in (bounds.items() if bounds is not None else []):
+            value = int(value.value if hasattr(value, "value") else value)
+            out[str(name)] = min(out.get(str(name), value), value)
+    return out
+
+
+def dynamic_workloads(func: tirx.PrimFunc, shape_hints=None,
+                      bounds: dict[str, int] | None = None
+                      ) -> list[tuple[dynamic.Bucket, tvm.IRModule]]:
+    """The specialised workloads of a function with symbolic dimensions: one per bucket
+    (``dynamic.buckets_for``), smallest first. Weights are not marked layout-free in them:
+    the buckets of one function share its weights, so none may repack them for itself.
+    ``RelaxTuneError`` when the function cannot be specialised."""
+    func = dynamic_base(func)
+    return [(b, normalize_mod(dynamic.specialize(func, dict(b.sizes))))
+            for b in dynamic.buckets_for(func, shape_hints, bounds)]
+
+
+def dynamic_base(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """A symbolic function as its buckets are tuned and replayed: without
+    ``layout_free_buffers``."""
+    if func.attrs is not None and "layout_free_buffers" in func.attrs:
+        return func.without_attr("layout_free_buffers")
+    return func
+
+
 def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None = None,
-                  params: dict | None = None) -> list[Task]:
+                  params: dict | None = None, shape_hints=None) -> list[Task]:
     """List the tunable tasks of ``mod``.
 
     For a module with Relax functions, a task is a PrimFunc called through ``call_tir``
     (weight = number of call sites; functions nobody calls are ignored). For a TIR-only
     module every PrimFunc is a task of weight 1. Functions with the same normalised
-    workload (structural hash + structural equality) are one task. Functions with dynamic
-    shapes or already marked ``tirx.is_scheduled`` are skipped with a log line naming them.
+    workload (structural hash + structural equality) are one task. Functions already marked
+    ``tirx.is_scheduled`` are skipped with a log line naming them.
+
+    A function with symbolic dimensions (a sequence length ``n``) becomes one task per
+    hinted size, ``name[n=16]``: the function specialised to that size, weighted by its call
+    sites times the hint's weight (``relax_tune.dynamic``). A function that cannot be
+    specialised (a dimension computed from ``n``) is skipped with a log line.
 
     Parameters
     ----------
@@ -125,11 +171,17 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
         matches no function raises ``RelaxTuneError``.
     params: optional ``{name: array}`` bound into the Relax functions, and what depends
         only on them folded, before extraction (``prepare.bind_and_fold``).
+    shape_hints: ``{"n": [1, 16, 64]}`` or ``{"n": {16: 2.0, 64: 1.0}}`` (size: weight):
+        the sizes each symbolic variable is tuned at; a variable without a hint takes
+        ``dynamic.default_sizes`` (1 and powers of 4 up to its ``tir_var_upper_bound``, or
+        up to 1024).
     """
     if not isinstance(mod, tvm.IRModule):
         raise RelaxTuneError(f"extract_tasks expects a tvm.IRModule, not {type(mod).__name__}")
     target = parse_target(target)
+    hints = dynamic.normalize_hints(shape_hints)
     mod = bind_and_fold(mod, params, target)
+    bounds = upper_bounds(mod)
     relax_mod = _has_relax_functions(mod)
     counts = call_tir_counts(mod) if relax_mod else {}
 
@@ -155,21 +207,54 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
         if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
             logger.info("skipping %s: already scheduled (tirx.is_scheduled)", name)
             continue
-        dyn = dynamic_shape_vars(func)
-        if dyn:
-            logger.warning("skipping %s: dynamic shape (symbolic %s) cannot be tuned; "
-                           "bind the shape to a constant to tune it", name, ", ".join(dyn))
+        if dynamic_shape_vars(func):
+            _add_dynamic(tasks, by_hash, name, func, weight, target, hints, bounds)
             continue
-        workload = normalize_mod(func)
-        shash = structural_hash(workload)
-        same = next((t for t in by_hash.get(shash, [])
-                     if tvm_ffi.structural_equal(t.mod, workload)), None)
-        if same is not None:
-            same.weight += weight
-            same.func_names.append(name)
-            continue
-        task = Task(task_name=name, mod=workload, target=target, weight=weight, shash=shash,
-                    func_names=[name])
-        by_hash.setdefault(shash, []).append(task)
-        tasks.append(task)
+        _add_task(tasks, by_hash, name, normalize_mod(func), weight, target)
     return tasks
+
+
+def _add_task(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,
+              workload: tvm.IRModule, weight, target, task_name: str | None = None,
+              shape: dict[str, int] | None = None,
+              symbolic: tvm.IRModule | None = None) -> None:
+    """A new task for ``workload``, or more weight for the task that already has it."""
+    shash = structural_hash(workload)
+    same = next((t for t in by_hash.get(shash, [])
+                 if tvm_ffi.structural_equal(t.mod, workload)), None)
+    if same is not None:
+        same.weight += weight
+        same.func_names.append(name)
+        return
+    task = Task(task_name=task_name or name, mod=workload, target=target, weight=weight,
+                shash=shash, func_names=[name], shape=shape, symbolic=symbolic)
+    by_hash.setdefault(shash, []).append(task)
+    tasks.append(task)
+
+
+def _add_dynamic(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,
+                 func: tirx.PrimFunc, weight: int, target, hints, bounds) -> None:
+    """One task per bucket of a function with symbolic dimensions (or a logged skip)."""
+    if target.kind.name != "llvm":  # ApplyDatabase builds the dispatch on CPU only
+        logger.warning("skipping %s: dynamic shape (symbolic %s) is tuned on CPU (llvm) "
+                       "targets only; %s runs its default schedule", name,
+                       ", ".join(dynamic_shape_vars(func)), target.kind.name)
+        return
+    try:
+        specialised = dynamic_workloads(func, hints, bounds)
+    except RelaxTuneError as err:
+        logger.warning("skipping %s: dynamic shape (symbolic %s): %s", name,
+                       ", ".join(dynamic_shape_vars(func)), err)
+        return
+    unhinted = [v.name for v in dynamic.symbolic_vars(func) if v.name not in (hints or {})]
+    if unhinted:
+        logger.info("%s: symbolic %s tuned at the default sizes %s (give shape_hints / "
+                    "--dynamic to choose them)", name, ", ".join(unhinted),
+                    ", ".join(sorted({b.label for b, _ in specialised},
+                                     key=lambda x: [int(p.split("=")[1]) for p in x.split(",")])))
+    symbolic = normalize_mod(dynamic_base(func))
+    for bucket, workload in specialised:
+        w = weight * bucket.weight
+        _add_task(tasks, by_hash, name, workload, int(w) if float(w).is_integer() else w,
+                  target, task_name=f"{name}[{bucket.label}]", shape=dict(bucket.sizes),
+                  symbolic=symbolic)

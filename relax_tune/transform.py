@@ -21,13 +21,14 @@ from tvm import relax, tirx
 
 from .config import TuneConfig, make_config
 from .database import Database, is_baseline
-from .extract import Task, extract_tasks
+from . import dynamic
+from .extract import Task, dynamic_base, dynamic_workloads, extract_tasks, upper_bounds
 from .prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
     backend_pipeline, bind_params, default_prepack, lower_for_tuning, lowering_passes)
 from .report import TaskReport
 from .tune import tune_tasks
 from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target
-from .work_dir import check_work_dir, open_for_apply
+from .work_dir import check_work_dir, hinted_sizes, open_for_apply
 
 logger = logging.getLogger("relax_tune.transform")
 
@@ -38,7 +39,8 @@ def _tune_module(mod: tvm.IRModule, target, work_dir, database, params,
     A user's mistake (RelaxTuneError) stops the compilation; an internal failure is logged
     and the compilation goes on with the records written so far."""
     target = parse_target(target)
-    tasks = extract_tasks(mod, target, op_names=config.op_names, params=params)
+    tasks = extract_tasks(mod, target, op_names=config.op_names, params=params,
+                          shape_hints=config.shape_hints)
     if not tasks:
         logger.warning("nothing to tune: no static-shape TIR function found")
         return []
@@ -134,13 +136,15 @@ class ExtractTasks:
     """Collect the tuning tasks into ``self.tasks``; the module passes through unchanged."""
 
     def __init__(self, target=None, op_names: Sequence[str] | None = None,
-                 params: dict | None = None):
+                 params: dict | None = None, shape_hints=None):
         self.target, self.op_names, self.params = target, op_names, params
+        self.shape_hints = dynamic.normalize_hints(shape_hints)
         self.tasks: list[Task] = []
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Extract the tasks of ``mod`` and return it unchanged."""
-        self.tasks = extract_tasks(mod, self.target, op_names=self.op_names, params=self.params)
+        self.tasks = extract_tasks(mod, self.target, op_names=self.op_names, params=self.params,
+                                   shape_hints=self.shape_hints)
         return mod
 
 
@@ -155,6 +159,15 @@ class ApplyDatabase:
     enable_warning: log a warning for every function without a record.
     target: Target/str/dict; default the ``with target:`` scope. Only records made for a
         compatible target are used.
+    shape_hints: sizes of symbolic variables to look records up at (as ``TuneIRMod``'s);
+        the sizes tuned into ``work_dir`` (its ``tasks.json``) and the default sizes are
+        looked up as well.
+
+    A function with symbolic dimensions that has records at some sizes (its buckets)
+    becomes one function that dispatches on the symbolic value: the nearest bucket (log
+    scale) runs its best schedule replayed on the symbolic function (predicated tiles,
+    correct at every size), and sizes above every bucket run the untuned function
+    (``relax_tune.dynamic``; CPU targets). Without records it is left unchanged.
 
     The input module is never mutated. Replaced functions keep their attributes and get
     ``tirx.is_scheduled``; functions already scheduled, without records, or whose record
@@ -164,9 +177,10 @@ class ApplyDatabase:
     """
 
     def __init__(self, work_dir: str | None = None, database: Database | None = None,
-                 enable_warning: bool = False, target=None):
+                 enable_warning: bool = False, target=None, shape_hints=None):
         self.work_dir, self.database = work_dir, database
         self.enable_warning, self.target = enable_warning, target
+        self.shape_hints = dynamic.normalize_hints(shape_hints)
         self.applied: list[str] = []
         self.kept: list[str] = []
 
@@ -187,18 +201,86 @@ class ApplyDatabase:
         db = self._database()
         out = mod.clone()
         self.applied, self.kept = [], []
+        bounds = upper_bounds(mod)
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc):
                 continue
             if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
                 continue
             if dynamic_shape_vars(func):
-                continue
-            new = self._apply_one(db, gv.name_hint, func, target)
+                new = self._apply_dynamic(db, gv.name_hint, func, target, bounds)
+            else:
+                new = self._apply_one(db, gv.name_hint, func, target)
             if new is not None:
                 out.update_func(gv, new)
                 self.applied.append(gv.name_hint)
         return out
+
+    def _lookup_sizes(self, func: tirx.PrimFunc, bounds: dict[str, int]) -> dict[str, dict]:
+        """The sizes to look records up at, per symbolic variable of ``func``."""
+        tuned = hinted_sizes(self.work_dir)
+        out = {}
+        for name in (v.name for v in dynamic.symbolic_vars(func)):
+            sizes = set(dynamic.default_sizes(bounds.get(name))) | tuned.get(name, set())
+            sizes |= set((self.shape_hints or {}).get(name, {}))
+            out[name] = {size: 1.0 for size in sorted(sizes)}
+        return out
+
+    def _apply_dynamic(self, db: Database, name: str, func: tirx.PrimFunc, target,
+                       bounds: dict[str, int]) -> tirx.PrimFunc | None:
+        """The dispatching function of a symbolic ``func`` built from the records of its
+        buckets, or None (no bucket has a record, or it cannot be built)."""
+        if target.kind.name != "llvm":
+            # One kernel with an if/else over n cannot hold GPU branches that synchronise
+            # threads (TVM: "Cannot insert syncs inside condition"); dlight schedules it.
+            logger.info("%s: dynamic-shape dispatch is built for CPU targets only; left to "
+                        "the default schedules on %s", name, target.kind.name)
+            return None
+        try:
+            specialised = dynamic_workloads(func, self._lookup_sizes(func, bounds), bounds)
+        except RelaxTuneError as err:
+            logger.info("%s: dynamic shape that cannot be specialised (%s); left unchanged",
+                        name, err)
+            return None
+        base = normalize_mod(dynamic_base(func))
+        branches, tuned, kept = [], [], []
+        for bucket, workload in specialised:
+            try:
+                record = db.query_tuning_record(workload, target)
+            except Exception as err:  # a bad record must not break the compilation
+                logger.warning("%s[%s]: could not read its tuning record (%s)", name,
+                               bucket.label, err)
+                continue
+            if record is None:
+                continue
+            branch = None
+            if not is_baseline(record):
+                branch = _bucket_branch(db, workload, target, base, record,
+                                        f"{name}[{bucket.label}]")
+                if branch is not None:
+                    tuned.append(bucket.label)
+            if branch is None:
+                kept.append(bucket.label)
+            branches.append((dict(bucket.sizes), branch))
+        if not branches:
+            if self.enable_warning:
+                logger.warning("%s: no tuning record at any size of its symbolic shape; left "
+                               "unchanged", name)
+            return None
+        if not tuned:
+            self.kept.append(name)
+            return None
+        try:
+            new = dynamic.dispatch_function(base["main"], branches)
+        except Exception as err:  # never crash the compilation: the function stays untuned
+            logger.warning("%s: dispatching function not built (%s); left unchanged", name,
+                           err)
+            return None
+        logger.info("%s: dispatch over %s (tuned: %s; untuned: %s and above the largest)",
+                    name, ", ".join(dynamic.Bucket(tuple(s.items())).label
+                                    for s, _ in branches),
+                    ", ".join(tuned), ", ".join(kept) or "none")
+        return _with_attrs_of(new, func)
 
     def _apply_one(self, db: Database, name: str, func: tirx.PrimFunc,
                    target) -> tirx.PrimFunc | None:
@@ -219,12 +301,52 @@ class ApplyDatabase:
             # gives it the default schedule its baseline was timed with).
             self.kept.append(name)
             return None
-        new = sch.mod["main"]
-        if func.attrs is not None:
-            new = new.with_attrs(func.attrs)
-        if func.attrs is None or "global_symbol" not in func.attrs:
-            new = new.without_attr("global_symbol")
-        return new.with_attr("tirx.is_scheduled", True)
+        return _with_attrs_of(sch.mod["main"], func)
+
+
+BUCKET_ALTERNATIVES = 8
+"""Records of a bucket tried, fastest first, until one replays on the symbolic function."""
+
+
+def _bucket_branch(db: Database, workload: tvm.IRModule, target, base: tvm.IRModule,
+                   best, label: str) -> tirx.PrimFunc | None:
+    """The bucket's fastest schedule that replays on the symbolic function ``base``; None
+    (the untuned function serves the bucket) when none faster than the untuned one does.
+
+    Not every static schedule survives symbolic extents: a reduction split by a factor
+    that does not divide ``n`` (rfactor) is no longer quasi-affine, and TVM refuses to
+    decompose it; the next fastest record is tried then."""
+    records = [best]
+    try:
+        if db.has_workload(workload):
+            records += [r for r in db.get_top_k(db.commit_workload(workload),
+                                                BUCKET_ALTERNATIVES, target)
+                        if r.trace_json != best.trace_json]
+    except Exception as err:  # a database without top-k: the best record only
+        logger.debug("%s: no alternative records (%s)", label, err)
+    errors = []
+    for record in records[:BUCKET_ALTERNATIVES]:
+        if is_baseline(record):
+            break  # the rest are slower than the untuned function
+        try:
+            return dynamic.replay_symbolic(base, record.trace_json)
+        except Exception as err:
+            errors.append(str(err).strip().splitlines()[0] if str(err).strip() else
+                          type(err).__name__)
+    logger.warning("%s: none of its %d fastest schedules replays on the symbolic function "
+                   "(%s); the untuned function serves its sizes", label, len(errors),
+                   "; ".join(errors[:2]))
+    return None
+
+
+def _with_attrs_of(new: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """A scheduled ``new`` carrying ``func``'s attributes (and no global symbol where it
+    had none), marked ``tirx.is_scheduled``."""
+    if func.attrs is not None:
+        new = new.with_attrs(func.attrs)
+    if func.attrs is None or "global_symbol" not in func.attrs:
+        new = new.without_attr("global_symbol")
+    return new.with_attr("tirx.is_scheduled", True)
 
 
 def _without_transform_params(mod: tvm.IRModule) -> tvm.IRModule:
@@ -306,7 +428,7 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
         with tgt:
             if max_trials_global > 0:
                 tuner(_without_transform_params(mod))
-            post = [ApplyDatabase(work_dir=work_dir)]
+            post = [ApplyDatabase(work_dir=work_dir, shape_hints=tuner.config.shape_hints)]
             if prepack:
                 post += [relax.transform.SplitLayoutRewritePreproc(),
                          *([relax.transform.LiftTransformParams()]

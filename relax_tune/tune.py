@@ -21,7 +21,7 @@ from .config import TuneConfig, make_config
 from .cost_model import make_cost_model
 from .database import BASELINE_TRACE, Database, TuningRecord, is_baseline
 from .extract import Task, extract_tasks
-from .measure import LocalBuilder, LocalRunner, Measured, Measurer
+from .measure import BuildResult, LocalBuilder, LocalRunner, Measured, Measurer, RunResult
 from .measure.measurer import Incumbent
 from .progress import Progress
 from .report import TaskReport
@@ -272,11 +272,38 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
              measurer: Measurer) -> None:
     """Measure one batch of one task (None: the untuned function) and commit it: one record
     per candidate, the report updated, the search told how its candidates did."""
+    if st.task.symbolic is not None and None not in cands:
+        cands, unusable = _symbolic_screen(st.task, cands)
+        if unusable:
+            _commit(st, [c for c, _ in unusable], [Measured(
+                c.trace_json, BuildResult(None, why, 0.0), RunResult(None, why))
+                for c, why in unusable], db)
+        if not cands:
+            return
     traces = [None if c is None else c.trace_json for c in cands]
     prepare = None if None in traces else (lambda: st.search.prepare(st.measured))
     batch = measurer.measure(st.task, traces, st.incumbent, st.report.best_secs,
                              st.report.baseline_secs, while_building=prepare)
     _commit(st, cands, batch, db)
+
+
+def _symbolic_screen(task: Task, cands: list[Candidate]
+                     ) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
+    """A bucket of a symbolic function: split the candidates into those whose schedule
+    replays on the symbolic function (what ``ApplyDatabase`` will run) and those that do
+    not, with why; the latter are recorded as failed without being built."""
+    from .dynamic import replay_symbolic
+
+    usable, unusable = [], []
+    for cand in cands:
+        try:
+            replay_symbolic(task.symbolic, cand.trace_json)
+            usable.append(cand)
+        except Exception as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            unusable.append((cand, f"does not replay on the symbolic function: "
+                                   f"{type(err).__name__} {first}"))
+    return usable, unusable
 
 
 def _commit(st: _TaskState, cands: list[Candidate | None], batch: list[Measured],
@@ -317,7 +344,7 @@ def tune_tir(mod: tvm.IRModule | tvm.tirx.PrimFunc, target=None, work_dir: str |
     if isinstance(mod, tvm.tirx.PrimFunc):
         mod = tvm.IRModule({"main": mod})
     target = parse_target(target)
-    tasks = extract_tasks(mod, target, op_names=cfg.op_names)
+    tasks = extract_tasks(mod, target, op_names=cfg.op_names, shape_hints=cfg.shape_hints)
     db = open_database(work_dir, database)
     tune_tasks(tasks, work_dir, cfg, database=db)
     return db
@@ -332,7 +359,8 @@ def tune_relax(mod: tvm.IRModule, params: dict | None, target=None,
     the records were written to."""
     cfg = make_config(config, **options)
     target = parse_target(target)
-    tasks = extract_tasks(mod, target, op_names=cfg.op_names, params=params)
+    tasks = extract_tasks(mod, target, op_names=cfg.op_names, params=params,
+                          shape_hints=cfg.shape_hints)
     db = open_database(work_dir, database)
     tune_tasks(tasks, work_dir, cfg, database=db)
     return db

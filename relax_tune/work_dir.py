@@ -3,6 +3,7 @@
     work_dir/database_workload.json        the workloads (MetaSchedule's layout)
     work_dir/database_tuning_record.json   every measured candidate, one JSON line each
     work_dir/tasks.json                    task names, weights and function names by hash
+                                           (and the sizes of dynamic-shape buckets)
     work_dir/cost_model/                   the cost model, warm-started by the next run
     work_dir/logs/tune.log                 the full tuning log
 
@@ -80,14 +81,30 @@ def write_task_meta(work_dir: str, tasks: Iterable[Any]) -> str:
     path = os.path.join(work_dir, TASK_META_FILE)
     meta = read_task_meta(work_dir)
     for task in tasks:
-        meta[int(task.shash)] = {"name": task.task_name, "weight": int(task.weight),
+        weight = float(task.weight)
+        meta[int(task.shash)] = {"name": task.task_name,
+                                 "weight": int(weight) if weight.is_integer() else weight,
                                  "func_names": list(task.func_names)}
+        if getattr(task, "shape", None):  # a bucket of a symbolic function: ApplyDatabase
+            meta[int(task.shash)]["shape"] = dict(task.shape)  # finds its size here
     os.makedirs(work_dir, exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as file:
         json.dump([{"shash": str(k), **v} for k, v in meta.items()], file, indent=1)
     os.replace(tmp, path)  # never leave a half-written file behind
     return path
+
+
+def hinted_sizes(work_dir: str | None) -> dict[str, set[int]]:
+    """``{var name: sizes}`` of the dynamic-shape buckets tuned into ``work_dir``."""
+    out: dict[str, set[int]] = {}
+    if work_dir is None or not os.path.isdir(work_dir):
+        return out
+    for item in read_task_meta(work_dir).values():
+        for name, size in (item.get("shape") or {}).items():
+            if isinstance(size, int) and size > 0:
+                out.setdefault(str(name), set()).add(size)
+    return out
 
 
 def read_task_meta(work_dir: str) -> dict[int, dict]:

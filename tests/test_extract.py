@@ -78,7 +78,7 @@ def test_not_a_target_is_a_clear_error(demo):
         rt.extract_tasks(lowered)
 
 
-def test_tir_module_and_dynamic_shape_skip(target, caplog):
+def test_tir_module_and_dynamic_shape_at_default_sizes(target, caplog):
     @T.prim_func(s_tir=True)
     def dyn(a: T.handle, b: T.handle):
         n = T.int64()
@@ -93,10 +93,11 @@ def test_tir_module_and_dynamic_shape_skip(target, caplog):
     B = te.compute((16, 16), lambda i, j: A[j, i], name="B")
     static = te.create_prim_func([A, B])
     mod = tvm.IRModule({"dyn": dyn, "transpose": static})
-    with caplog.at_level(logging.WARNING, logger="relax_tune"):
+    with caplog.at_level(logging.INFO, logger="relax_tune"):
         tasks = rt.extract_tasks(mod, target)
-    assert [t.task_name for t in tasks] == ["transpose"]
-    assert "dyn" in caplog.text and "dynamic shape" in caplog.text and "n" in caplog.text
+    assert [t.task_name for t in tasks] == [f"dyn[n={s}]" for s in (1, 4, 16, 64, 256, 1024)] \
+        + ["transpose"]
+    assert "dyn: symbolic n tuned at the default sizes" in caplog.text
 
 
 def test_extract_tasks_pass_leaves_module_unchanged(demo, target):

@@ -1,0 +1,410 @@
+"""Dynamic shapes: shape hints, one task per hinted size, the dispatching function
+ApplyDatabase builds from the buckets' records, correct at every size (1, a prime, between
+buckets, beyond the largest)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, te, tirx, topi
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+from tvm.script import tirx as T
+
+import relax_tune as rt
+from relax_tune import dynamic, models
+from relax_tune.extract import dynamic_base
+from relax_tune.space import space_for_target, without_decisions
+from relax_tune.utils import RelaxTuneError, normalize_mod, trace_to_json
+
+# ---------------------------------------------------------------------------------------
+# Hints
+
+
+def test_hint_forms_and_defaults():
+    assert dynamic.normalize_hints({"n": [64, 16]}) == {"n": {16: 1.0, 64: 1.0}}
+    assert dynamic.normalize_hints({"n": {16: 2, 64: 0.5}}) == {"n": {16: 2.0, 64: 0.5}}
+    assert dynamic.normalize_hints("n=1,16:3;m=8") == {"n": {1: 1.0, 16: 3.0}, "m": {8: 1.0}}
+    assert dynamic.parse_shape_hints(["n=4", "m=2,1"]) == {"n": {4: 1.0}, "m": {1: 1.0, 2: 1.0}}
+    assert dynamic.default_sizes() == [1, 4, 16, 64, 256, 1024]
+    assert dynamic.default_sizes(300) == [1, 4, 16, 64, 256, 300]
+    assert rt.TuneConfig(shape_hints={"n": [16]}).shape_hints == {"n": {16: 1.0}}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("n", "NAME=SIZE"),
+    ("=1,2", "NAME=SIZE"),
+    ("n=", "not a positive integer size"),
+    ("n=1,x", "'x' is not a positive integer size"),
+    ("n=0", "'0' is not a positive integer size"),
+    ("n=-4", "is not a positive integer size"),
+    ("n=16:0", "weight '0' of size 16"),
+    ("n=16:abc", "weight 'abc' of size 16"),
+    ("n=1;n=2", "'n' is given twice"),
+    ("", "no sizes given"),
+])
+def test_hint_parser_errors(text, message):
+    with pytest.raises(RelaxTuneError, match=message):
+        dynamic.parse_shape_hints(text)
+
+
+@pytest.mark.parametrize("hints, message", [
+    ({"n": []}, "is empty"),
+    ({"n": [0]}, "size 0 is not a positive integer"),
+    ({"n": [16.5]}, "size 16.5 is not a positive integer"),
+    ({"n": {16: -1}}, "weight -1 of size 16"),
+    ({"n": 16}, "must be a list of sizes"),
+    ({3: [16]}, "is not a symbolic variable name"),
+    ([16, 64], "must be a dict"),
+])
+def test_bad_hints_stop_the_user_at_once(hints, message, tmp_path):
+    with pytest.raises(RelaxTuneError, match=message):
+        rt.TuneConfig(shape_hints=hints)
+    with pytest.raises(RelaxTuneError, match=message):
+        rt.TuneIRMod(work_dir=str(tmp_path / "w"), shape_hints=hints)
+    with pytest.raises(RelaxTuneError, match=message):
+        rt.ApplyDatabase(work_dir=str(tmp_path / "w"), shape_hints=hints)
+
+
+def test_cli_dynamic_errors_exit_2(capsys):
+    from relax_tune import cli
+
+    code = cli.main(["tune", "relax_tune.models:llama_block", "--work-dir", "unused",
+                     "--trials", "1", "--dynamic", "n=1,sixteen"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("relax-tune: error:") and "'sixteen' is not a positive integer" in err
+
+
+# ---------------------------------------------------------------------------------------
+# Extraction
+
+
+@T.prim_func(s_tir=True)
+def _double(a: T.handle, b: T.handle):
+    n = T.int64()
+    A = T.match_buffer(a, (n, T.int64(8)), "float32")
+    B = T.match_buffer(b, (n, T.int64(8)), "float32")
+    for i, j in T.grid(n, T.int64(8)):
+        with T.sblock("B"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = A[vi, vj] * T.float32(2)
+
+
+@T.prim_func(s_tir=True)
+def _computed_dim(a: T.handle, b: T.handle):
+    n = T.int64()
+    A = T.match_buffer(a, (n * T.int64(2),), "float32")
+    B = T.match_buffer(b, (n * T.int64(2),), "float32")
+    for i in range(n * T.int64(2)):
+        with T.sblock("B"):
+            vi = T.axis.spatial(n * T.int64(2), i)
+            B[vi] = A[vi] + T.float32(1)
+
+
+def test_one_static_task_per_hinted_size(target):
+    mod = tvm.IRModule({"double": _double})
+    tasks = rt.extract_tasks(mod, target, shape_hints={"n": {16: 3.0, 64: 1.0}})
+    assert [t.task_name for t in tasks] == ["double[n=16]", "double[n=64]"]
+    assert [t.shape for t in tasks] == [{"n": 16}, {"n": 64}]
+    assert [t.weight for t in tasks] == [3, 1]
+    assert [t.args_info[0][2] for t in tasks] == [[16, 8], [64, 8]]
+    assert len({t.shash for t in tasks}) == 2
+    for task in tasks:  # ordinary static workloads: what MetaSchedule would store
+        assert not rt.utils.dynamic_shape_vars(task.mod["main"])
+        assert tvm_ffi.structural_equal(task.mod, normalize_mod(task.mod))
+
+
+def test_default_sizes_follow_the_upper_bound_and_are_logged(target, caplog):
+    mod, _ = models.bert_layer(dim=32, heads=2, hidden=64, max_seq=100)
+    with target:
+        lowered = rt.transform.lower_for_tuning(mod, target)
+    with caplog.at_level(logging.INFO, logger="relax_tune"):
+        tasks = rt.extract_tasks(lowered, target, op_names=["softmax"])
+    assert [t.task_name for t in tasks] == [f"softmax[n={s}]" for s in (1, 4, 16, 64, 100)]
+    assert "default sizes n=1, n=4, n=16, n=64, n=100" in caplog.text
+
+
+def test_unspecialisable_function_is_a_logged_skip(target, caplog):
+    mod = tvm.IRModule({"computed": _computed_dim, "double": _double})
+    with caplog.at_level(logging.WARNING, logger="relax_tune"):
+        tasks = rt.extract_tasks(mod, target, shape_hints={"n": [4]})
+    assert [t.task_name for t in tasks] == ["double[n=4]"]
+    assert "skipping computed: dynamic shape" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------
+# ApplyDatabase without records
+
+
+def _attention_model(dim: int = 16):
+    class Attention(nn.Module):
+        def __init__(self):
+            self.ln = nn.LayerNorm(dim)
+            self.fc = nn.Linear(dim, dim)
+
+        def forward(self, x):
+            h = self.fc(self.ln(x))
+            scores = op.matmul(h, op.permute_dims(h, [0, 2, 1])) * (1.0 / dim**0.5)
+            return op.matmul(op.softmax(scores, axis=-1), h)
+
+    return Attention().export_tvm({"forward": {"x": nn.spec.Tensor((1, "n", dim), "float32")}})
+
+
+def test_apply_database_without_records_leaves_symbolic_functions_unchanged(target, tmp_path):
+    mod, _ = _attention_model()
+    with target:
+        lowered = rt.transform.lower_for_tuning(mod, target)
+    # a database holding records of another workload only
+    rt.tune_tir(dynamic.specialize(_double, {"n": 8}), target, str(tmp_path / "w"),
+                max_trials_global=1, num_trials_per_iter=1, progress_bar=False)
+    apply = rt.ApplyDatabase(work_dir=str(tmp_path / "w"), shape_hints={"n": [8, 16]})
+    with target:
+        out = apply(lowered)
+    tvm.ir.assert_structural_equal(out, lowered)
+    assert apply.applied == []
+
+
+# ---------------------------------------------------------------------------------------
+# The dispatching function: a dynamic zoo
+
+BUCKETS = (16, 64)
+SIZES = (1, 13, 16, 17, 33, 64, 65)
+"""1, a prime, a bucket, between buckets (nearer the smaller, nearer the larger), the
+largest bucket, beyond it (untuned)."""
+
+
+def _ph(shape, name):
+    return te.placeholder(shape, "float32", name=name)
+
+
+def _zoo(name: str):
+    """``(PrimFunc with symbolic n, numpy reference)`` per operator of the zoo that takes
+    a symbolic dimension."""
+    n = tirx.Var("n", "int64")
+    if name == "matmul":
+        a, b = _ph((n, 64), "A"), _ph((64, 48), "B")
+        return [a, b, topi.matmul(a, b)], lambda x, y: x @ y
+    if name == "dense":
+        x, w = _ph((n, 64), "X"), _ph((32, 64), "W")
+        return [x, w, topi.nn.dense(x, w)], lambda u, v: u @ v.T
+    if name == "attention_scores":
+        q, k = _ph((2, n, 16), "Q"), _ph((2, n, 16), "K")
+        return [q, k, topi.nn.batch_matmul(q, k)], lambda x, y: x @ y.transpose(0, 2, 1)
+    if name == "attention_values":
+        p, v = _ph((2, n, n), "P"), _ph((2, 16, n), "V")
+        return [p, v, topi.nn.batch_matmul(p, v)], lambda x, y: x @ y.transpose(0, 2, 1)
+    if name == "conv2d_batch":
+        x, w = _ph((n, 3, 10, 10), "X"), _ph((8, 3, 3, 3), "W")
+        return [x, w, topi.nn.conv2d_nchw(x, w, 1, 1, 1)], _conv_ref
+    if name == "softmax_rows":
+        x = _ph((n, 32), "X")
+        return [x, topi.nn.softmax(x, axis=-1)], _softmax
+    if name == "softmax_over_n":
+        x = _ph((4, n), "X")
+        return [x, topi.nn.softmax(x, axis=-1)], _softmax
+    if name == "layer_norm":
+        x, g, b = _ph((n, 32), "X"), _ph((32,), "G"), _ph((32,), "B")
+        return [x, g, b, topi.nn.layer_norm(x, g, b, axis=[1], epsilon=1e-5)], _layer_norm
+    if name == "row_sum":
+        x = _ph((n, 48), "X")
+        return [x, topi.sum(x, axis=1)], lambda u: u.sum(axis=1)
+    if name == "col_max":
+        x = _ph((n, 48), "X")
+        return [x, topi.max(x, axis=0)], lambda u: u.max(axis=0)
+    if name == "elementwise_chain":
+        x, y = _ph((n, 40), "X"), _ph((n, 40), "Y")
+        out = te.compute((n, 40), lambda i, j: te.max(x[i, j] * y[i, j] + 1.0, 0.0), name="E")
+        return [x, y, out], lambda u, v: np.maximum(u * v + 1, 0)
+    if name == "transpose":
+        x = _ph((n, 24), "X")
+        return [x, topi.transpose(x, [1, 0])], lambda u: u.T
+    if name == "concatenate":
+        x, y = _ph((n, 8), "X"), _ph((n, 24), "Y")
+        return [x, y, topi.concatenate([x, y], axis=1)], lambda u, v: np.concatenate([u, v], 1)
+    raise KeyError(name)
+
+
+def _conv_ref(x, w):
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((x.shape[0], w.shape[0], x.shape[2], x.shape[3]), "float32")
+    for kh in range(3):
+        for kw in range(3):
+            patch = xp[:, :, kh:kh + x.shape[2], kw:kw + x.shape[3]]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, kh, kw])
+    return out
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _layer_norm(x, g, b):
+    mean, var = x.mean(axis=1, keepdims=True), x.var(axis=1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-5) * g + b
+
+
+DYNAMIC_ZOO = ["matmul", "dense", "attention_scores", "attention_values", "conv2d_batch",
+               "softmax_rows", "softmax_over_n", "layer_norm", "row_sum", "col_max",
+               "elementwise_chain", "transpose", "concatenate"]
+
+
+def _candidates(space, workload, seed: int, count: int) -> list:
+    """``count`` sampled candidates (plain-JSON traces) of a static workload."""
+    sketches = space.generate_design_space(workload)
+    out = []
+    for draw in range(seed, seed + 200):
+        replayed = space.replay(workload, without_decisions(sketches[draw % len(sketches)]),
+                                seed=draw)
+        if replayed.ok:
+            out.append(trace_to_json(replayed.sch.trace))
+            if len(out) == count:
+                break
+    return out
+
+
+def _shape_at(buf, n: int) -> list[int]:
+    return [int(d) if isinstance(d, tirx.IntImm) else n for d in buf.shape]
+
+
+def _symbolic_branches(space, base, func, bucket: int, seed: int, count: int) -> list:
+    """``count`` sampled candidates of ``func`` at n=``bucket`` replayed on the symbolic
+    ``base``. Candidates that do not replay there are passed over, as ApplyDatabase passes
+    over such records (an rfactor split that does not divide n is not quasi-affine for
+    TVM)."""
+    static = normalize_mod(dynamic.specialize(func, {"n": bucket}))
+    out, failed = [], 0
+    for trace in _candidates(space, static, seed, 6 * count):
+        try:
+            out.append(dynamic.replay_symbolic(base, trace))
+        except Exception:
+            failed += 1
+        if len(out) == count:
+            break
+    assert len(out) == count, (len(out), failed)
+    return out
+
+
+@pytest.mark.parametrize("name", DYNAMIC_ZOO)
+def test_dispatch_matches_numpy_at_every_size(name, target):
+    """Sampled candidates of the CPU space at n=16 and n=64, replayed on the symbolic
+    function and dispatched on n, compute what numpy computes at 1, a prime, the buckets,
+    between them and beyond the largest (the untuned function)."""
+    tensors, ref = _zoo(name)
+    func = dynamic_base(te.create_prim_func(tensors))  # as extraction and apply see it
+    base = normalize_mod(func)
+    space = space_for_target(target)
+    seed = zlib.crc32(name.encode()) % 1000 + 1
+    per_bucket = {b: _symbolic_branches(space, base, func, b, seed + b, 2) for b in BUCKETS}
+    rng = np.random.default_rng(seed)
+    for pick in range(2):
+        branches = [({"n": b}, per_bucket[b][pick]) for b in BUCKETS]
+        disp = dynamic.dispatch_function(base["main"], branches)
+        assert [str(p.name) for p in disp.params] == [str(p.name) for p in func.params]
+        lib = tvm.compile(tvm.IRModule({"main": disp}), target)
+        for n in SIZES:
+            ins = [rng.uniform(-1, 1, _shape_at(p, n)).astype("float32")
+                   for p in func.params[:-1]]
+            out = func.params[-1]
+            args = [tvm.runtime.tensor(a) for a in ins]
+            args.append(tvm.runtime.empty(_shape_at(out, n), "float32", tvm.cpu()))
+            lib["main"](*args)
+            np.testing.assert_allclose(args[-1].numpy(), ref(*ins), rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{name} at n={n}, candidates #{pick}")
+
+
+def test_baseline_bucket_runs_the_untuned_body(target):
+    """A bucket whose best record is the untuned function serves its sizes with the
+    untuned body, never with the next bucket's schedule."""
+    tensors, _ = _zoo("matmul")
+    func = te.create_prim_func(tensors)
+    base = normalize_mod(func)
+    space = space_for_target(target)
+    tuned64 = dynamic.replay_symbolic(
+        base, _candidates(space, normalize_mod(dynamic.specialize(func, {"n": 64})), 7, 1)[0])
+    disp = dynamic.dispatch_function(base["main"], [({"n": 16}, None), ({"n": 64}, tuned64)])
+    text = disp.script()
+    # 16 serves up to 32 (nearest on a log scale), 64 up to 64, the untuned body above
+    first, rest = text.split("if n <= T.int64(32):")[1].split("else:", 1)
+    assert "T.parallel" not in first and "T.parallel" in rest  # untuned body, then tuned
+    assert "if n <= T.int64(64):" in rest
+    assert dynamic.upper_limit(16, [1, 16, 64]) == 32 and dynamic.upper_limit(1, [1, 16]) == 4
+    assert dynamic.upper_limit(64, [16, 64]) == 64
+
+
+# ---------------------------------------------------------------------------------------
+# Through the pipeline
+
+
+def _run(ex, x):
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["forward"](tvm.runtime.tensor(x)).numpy()
+
+
+def test_pipeline_with_records_matches_untuned_at_every_size(target, tmp_path):
+    """A dynamic-shape model tuned through the "relax_tune" pipeline with hints
+    {16, 64, 256, 1024} (its matmuls, one trial per task, no baseline records, so every
+    bucket's tuned schedule is applied) runs and matches the untuned build at 1, 7, 64, 300
+    and 1025."""
+    mod, params = _attention_model()
+    rng = np.random.default_rng(0)
+    weights = {name: rng.uniform(-1, 1, [int(d) for d in p.shape]).astype("float32")
+               for name, p in params}
+    work = str(tmp_path / "work")
+    hints = {"n": [16, 64, 256, 1024]}
+    with target:
+        lowered = rt.transform.lower_for_tuning(mod, target, weights)
+    tasks = rt.extract_tasks(lowered, target, shape_hints=hints, op_names=["matmul"])
+    assert all(t.shape for t in tasks) and len(tasks) == 12
+    tuned = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=work, max_trials_global=len(tasks),
+        params=weights, shape_hints=hints, op_names=["matmul"], num_trials_per_iter=1,
+        measure_baseline=False,
+        head_to_head_rounds=0, progress_bar=False))
+    untuned = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=str(tmp_path / "empty"), max_trials_global=0,
+        params=weights))
+    apply = rt.ApplyDatabase(work_dir=work)  # finds the hinted sizes in work/tasks.json
+    with target:
+        apply(lowered)
+    dynamic_funcs = {f for t in tasks for f in t.func_names}
+    assert set(apply.applied) == dynamic_funcs
+    for n in (1, 7, 64, 300, 1025):
+        x = rng.uniform(-1, 1, (1, n, 16)).astype("float32")
+        np.testing.assert_allclose(_run(tuned, x), _run(untuned, x), rtol=1e-4, atol=1e-4,
+                                   err_msg=f"n={n}")
+    assert os.path.isfile(os.path.join(work, "tasks.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama_block", "bert_layer"])
+def test_reduced_decoder_and_encoder_through_the_pipeline(name, target, tmp_path):
+    """The reduced Llama-style block and BERT-style layer tuned through the pipeline (hints
+    {16, 64}, one trial per task) match TVM's untuned build at 1, 13, 64 and 65."""
+    from relax_tune.prepare import bind_params
+
+    mod, params = getattr(models, name)(dim=32, heads=2, hidden=64)
+    rng = np.random.default_rng(0)
+    weights = {p: (rng.uniform(-1, 1, [int(d) for d in v.shape]) /
+                   np.sqrt([int(d) for d in v.shape][-1])).astype("float32")
+               for p, v in params}
+    hints = {"n": [16, 64]}
+    with target:
+        lowered = rt.transform.lower_for_tuning(mod, target, weights)
+        untuned = tvm.compile(relax.get_pipeline("zero")(bind_params(mod, weights)), target)
+    tasks = rt.extract_tasks(lowered, target, shape_hints=hints)
+    tuned = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=str(tmp_path / "w"),
+        max_trials_global=len(tasks), params=weights, shape_hints=hints,
+        num_trials_per_iter=1, progress_bar=False))
+    for n in (1, 13, 64, 65):
+        x = rng.uniform(-1, 1, (1, n, 32)).astype("float32")
+        np.testing.assert_allclose(_run(tuned, x), _run(untuned, x), rtol=1e-3, atol=1e-4,
+                                   err_msg=f"{name} at n={n}")
