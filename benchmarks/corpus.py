@@ -97,3 +97,42 @@ def load_corpus(corpus_dir: str, feature_version: int | None = None) -> list[Tas
             order=np.asarray([r["order"] for r in recs]),
             phase=[r["phase"] for r in recs]))
     return tasks
+
+
+def reference_rows(task: TaskData) -> np.ndarray:
+    """The rows a task's reference vector is taken from: its randomly sampled candidates
+    (what the search's first pool holds when the model first ranks the task), or all."""
+    rand = np.asarray([p == "random" for p in task.phase])
+    return task.features[rand] if rand.sum() >= 8 else task.features
+
+
+def transfer_matrix(task: TaskData) -> np.ndarray:
+    """The task's candidates as the pre-trained model sees them."""
+    from relax_tune.cost_model.transfer import task_reference, transfer_features
+
+    return transfer_features(task.features, task_reference(reference_rows(task)), task.facts)
+
+
+def labels(secs: np.ndarray) -> np.ndarray:
+    """Normalised throughput within a task: best / secs (1 for the best, 0 for failures)."""
+    ok = secs < 0.5e10
+    if not ok.any():
+        return np.zeros(len(secs))
+    return np.where(ok, secs[ok].min() / np.maximum(secs, 1e-12), 0.0)
+
+
+def ranking_metrics(pred: np.ndarray, secs: np.ndarray, k: int = 10) -> dict[str, float]:
+    """Kendall tau between predictions and speed over the valid candidates, whether the true
+    best is among the top-``k`` predicted (recall@k of the best), and the share of the true
+    top-``k`` among the predicted top-``k``."""
+    from relax_tune.cost_model.prior import kendall_tau
+
+    ok = secs < 0.5e10
+    pred, secs = np.asarray(pred)[ok], np.asarray(secs)[ok]
+    if len(secs) < 2:
+        return {"tau": 0.0, "best_in_top": 0.0, "top_overlap": 0.0}
+    top_pred = np.argsort(-pred, kind="stable")[:k]
+    top_true = np.argsort(secs, kind="stable")[:k]
+    return {"tau": kendall_tau(pred, -secs),
+            "best_in_top": float(int(top_true[0]) in set(top_pred.tolist())),
+            "top_overlap": len(set(top_pred.tolist()) & set(top_true.tolist())) / min(k, len(secs))}
