@@ -24,6 +24,8 @@ One record (a JSON object per line)::
      "trace": [...],                  the trace (plain JSON, replays with schedule_from_json)
      "secs": 1.2e-4,                  mean run seconds (1e10: failed to build or run)
      "baseline_secs": 3.4e-3,         the untuned function's seconds (None if not measured)
+     "load": 2.1,                     1-minute load average when the workload's (last) run
+                                      started: a loaded machine slows parallel kernels most
      "feature_version": 1,            relax_tune.cost_model.FEATURE_VERSION
      "features": [...]}               extract_features of the replayed trace (raw, unnormalised)
 

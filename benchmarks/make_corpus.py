@@ -254,7 +254,7 @@ def host_name() -> str:
 
 
 def export_records(wl: Workload, mod: tvm.IRModule, target, work_dir: str, path: str,
-                   random_trials: int) -> int:
+                   random_trials: int, load: float | None = None) -> int:
     """Write every measured candidate of ``work_dir`` to ``path`` (JSON lines, replacing the
     file atomically); returns how many."""
     db = JSONDatabase(work_dir=work_dir)
@@ -282,6 +282,7 @@ def export_records(wl: Workload, mod: tvm.IRModule, target, work_dir: str, path:
                     "order": order, "phase": "random" if order < random_trials else
                     "evolutionary", "key": candidate_key(rec.trace_json),
                     "trace": rec.trace_json, "secs": secs, "baseline_secs": baseline,
+                    "load": load,
                     "feature_version": FEATURE_VERSION,
                     "features": [round(float(x), 5) for x in feats]}
             f.write(json.dumps(line) + "\n")
@@ -316,6 +317,7 @@ def run_workload(wl: Workload, target, out: str, trials: int, random_trials: int
         logger.warning("%s: %d tasks, expected 1; skipped", wl.name, len(tasks))
         return 0
     random_trials = min(random_trials, trials)
+    load = round(os.getloadavg()[0], 2)  # other work on the machine skews parallel kernels
     runner = LocalRunner(timeout_sec=20.0, repeat=2)
     common = dict(num_trials_per_iter=16, convergence_window=0, check_correctness=False,
                   head_to_head_rounds=0, progress_bar=False, seed=seed, min_task_share=0.0,
@@ -332,7 +334,7 @@ def run_workload(wl: Workload, target, out: str, trials: int, random_trials: int
                        cost_model=model, max_time=left, **common)
     finally:
         runner.shutdown()
-    n = export_records(wl, tasks[0].mod, target, work_dir, rec_path, random_trials)
+    n = export_records(wl, tasks[0].mod, target, work_dir, rec_path, random_trials, load)
     return n
 
 
