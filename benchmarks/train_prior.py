@@ -28,7 +28,7 @@ from relax_tune.cost_model.prior import PRIOR_META_FILE, PRIOR_MODEL_FILE  # noq
 from relax_tune.cost_model.transfer import N_TRANSFER, TRANSFER_VERSION  # noqa: E402
 
 PARAMS = {"objective": "rank:pairwise", "lambdarank_pair_method": "mean",
-          "lambdarank_num_pair_per_sample": 8, "eta": 0.1, "max_depth": 6,
+          "lambdarank_num_pair_per_sample": 8, "eta": 0.1, "max_depth": 3,
           "min_child_weight": 2.0, "subsample": 0.8, "colsample_bytree": 0.6,
           "tree_method": "hist", "verbosity": 0}
 ROUNDS = 200
