@@ -453,12 +453,13 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     def relax_tune_compile(wd: str, budget: int, **kw):
         return tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
             "relax_tune", target=target, work_dir=wd, max_trials_global=budget,
-            params=params, **kw))
+            params=params, cost_model=args.cost_model, **kw))
 
     cumulative = 0.0
     last_wd = None
     for budget in budgets:
-        wd = os.path.join(root, f"{name}-rt-{budget}" if args.fresh else f"{name}-rt")
+        tag = "" if args.cost_model == "xgb" else f"-{args.cost_model}"
+        wd = os.path.join(root, f"{name}-rt{tag}-{budget}" if args.fresh else f"{name}-rt{tag}")
         log(f"{name}: relax_tune, {budget} trials"
             + ("" if args.fresh else f" (resuming {wd})"))
         start = time.perf_counter()
@@ -631,6 +632,9 @@ def main() -> int:
                         help="max |diff| / max |PyTorch output| above which a row is flagged")
     parser.add_argument("--work-root", default=None,
                         help="keep the work_dirs (and ONNX files) here instead of a temp dir")
+    parser.add_argument("--cost-model", default="xgb",
+                        help="relax_tune's cost model: xgb (session-only XGBoost, the default), "
+                             "xgb-prior (the shipped pre-trained model), random, none")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if args.trials_per_task is None:

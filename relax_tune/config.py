@@ -29,7 +29,9 @@ class TuneConfig:
     max_time: wall-clock limit in seconds (None: none); the batch in flight finishes.
     op_names: keep only the tasks whose name contains one of these strings (None: all).
     strategy: search strategy name (``relax_tune.search.search_names()``).
-    cost_model: "xgb", "random", "none", or a ``CostModel``.
+    cost_model: "xgb" (XGBoost learning from the session; "xgb-fresh" is the same),
+        "xgb-prior" (the shipped pre-trained model, adapting to the session), "random",
+        "none", or a ``CostModel``.
     task_scheduler: "gradient", "round-robin", or a ``TaskScheduler``.
     convergence_window: a task stops when its best did not improve by 1% over this many
         trials (0: never).

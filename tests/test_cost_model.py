@@ -145,11 +145,11 @@ def test_make_cost_model_by_name_and_warm_start(tmp_path, measured):
     feats, secs = measured
     assert make_cost_model("none") is None and make_cost_model(None) is None
     assert isinstance(make_cost_model("random"), RandomModel)
-    fresh = make_cost_model("xgb", str(tmp_path))
+    fresh = make_cost_model("xgb-fresh", str(tmp_path))
     assert isinstance(fresh, XGBModel) and not fresh.trained
     fresh.update_features("mm", feats[:30], secs[:30])
     fresh.save(cost_model_dir(str(tmp_path)))
-    warm = make_cost_model("xgb", str(tmp_path))
+    warm = make_cost_model("xgb-fresh", str(tmp_path))
     assert warm.trained and warm.num_rows == 30
     mine = RandomModel()
     assert make_cost_model(mine) is mine and isinstance(mine, CostModel)

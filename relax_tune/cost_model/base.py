@@ -44,6 +44,11 @@ class CostModel:
         """Learn from a feature matrix and the measured mean seconds of its rows."""
         return None
 
+    def set_target(self, task: str, target) -> None:
+        """The target ``task``'s candidates are for (models that use machine facts read it;
+        called by the search before the first ``predict``)."""
+        return None
+
     def save(self, path: str) -> None:
         """Write the model into directory ``path`` (nothing for stateless models)."""
         return None
@@ -99,7 +104,8 @@ def cost_model_dir(work_dir: str) -> str:
 
 def make_cost_model(name: "str | CostModel | None", work_dir: str | None = None
                     ) -> CostModel | None:
-    """The cost model named ``name`` ("xgb", "random" or "none" -> None); a CostModel
+    """The cost model named ``name`` ("xgb" or "xgb-fresh": XGBoost learning from the session,
+    "xgb-prior": the pre-trained model adapting to the session, "random", or "none" -> None); a CostModel
     object passes through. With ``work_dir``, a model saved there by an earlier run is
     loaded (warm start)."""
     if name is None or isinstance(name, CostModel):

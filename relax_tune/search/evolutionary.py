@@ -101,6 +101,9 @@ class EvolutionarySearch(SearchStrategy):
         # "main" or "matmul1" collide between models that share a work_dir.
         self.task = str(structural_hash(mod))
         self.space = space_for_target(target)
+        set_target = getattr(self.model, "set_target", None)
+        if set_target is not None:  # models that use machine facts (the pre-trained one)
+            set_target(self.task, target)
         if sketches is None:
             sketches = self.space.generate_design_space(mod)
         self.sketches = [without_decisions(s) for s in sketches] or [Trace([], {})]

@@ -1,0 +1,140 @@
+"""The measured-candidate corpus: its record format and how to read it.
+
+A corpus is a directory (kept out of the package and the repository, e.g. /work/corpus)::
+
+    corpus/
+      records/<workload>@<target tag>.jsonl   one measured candidate per line (below)
+      work/<workload>@<target tag>/           the tuning work_dir it came from (database,
+                                              cost model, logs): regenerate features from it
+
+One record (a JSON object per line)::
+
+    {"v": 1,                          format version
+     "workload": "matmul_256",        workload name (``make_corpus.WORKLOADS``)
+     "op": "matmul",                  operator family (held-out operators are whole families)
+     "split": "train" | "heldout",    held out of training: other shapes, other operators
+     "shash": "1234...",              structural hash of the workload (the task key)
+     "target": "llvm -mcpu=znver4 -num-cores=2",   the target it was measured for ...
+     "host": "AMD EPYC ...",          ... on this CPU (lscpu's model name)
+     "facts": {"vector_bytes": 64, "num_cores": 2, "l1_bytes": ..., "l2_bytes": ...,
+               "l3_bytes": ...},      what the target/host say about the machine
+     "order": 17,                     position in the tuning session (commit order)
+     "phase": "random" | "evolutionary",   how the candidate was found
+     "key": "ab12...",                candidate_key of the trace
+     "trace": [...],                  the trace (plain JSON, replays with schedule_from_json)
+     "secs": 1.2e-4,                  mean run seconds (1e10: failed to build or run)
+     "baseline_secs": 3.4e-3,         the untuned function's seconds (None if not measured)
+     "load": 2.1,                     1-minute load average when the workload's (last) run
+                                      started: a loaded machine slows parallel kernels most
+     "feature_version": 1,            relax_tune.cost_model.FEATURE_VERSION
+     "features": [...]}               extract_features of the replayed trace (raw, unnormalised)
+
+Times are comparable within one workload and target (one session, one machine); only ranks
+within a task are used for training.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class TaskData:
+    """The measured candidates of one workload on one target (one ranking group)."""
+
+    workload: str
+    op: str
+    split: str
+    target: str
+    facts: dict
+    features: np.ndarray  # raw features, one row per candidate
+    secs: np.ndarray      # mean seconds (1e10: failed)
+    order: np.ndarray     # commit order within the session
+    phase: list[str]
+
+    @property
+    def name(self) -> str:
+        """``workload@target``: one group of the ranking objective."""
+        return f"{self.workload}@{self.target}"
+
+
+def read_records(path: str) -> list[dict]:
+    """Every record of one ``records/*.jsonl`` file (a torn last line is skipped)."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def load_corpus(corpus_dir: str, feature_version: int | None = None) -> list[TaskData]:
+    """One ``TaskData`` per records file of ``corpus_dir`` (sorted by file name), keeping
+    only records of ``feature_version`` when given."""
+    tasks = []
+    for path in sorted(glob.glob(os.path.join(corpus_dir, "records", "*.jsonl"))):
+        recs = [r for r in read_records(path)
+                if feature_version is None or r.get("feature_version") == feature_version]
+        if not recs:
+            continue
+        recs.sort(key=lambda r: r["order"])
+        r0 = recs[0]
+        tasks.append(TaskData(
+            workload=r0["workload"], op=r0["op"], split=r0["split"], target=r0["target"],
+            facts=dict(r0["facts"]),
+            features=np.asarray([r["features"] for r in recs], dtype=np.float32),
+            secs=np.asarray([r["secs"] for r in recs], dtype=np.float64),
+            order=np.asarray([r["order"] for r in recs]),
+            phase=[r["phase"] for r in recs]))
+    return tasks
+
+
+def reference_rows(task: TaskData) -> np.ndarray:
+    """The rows a task's reference vector is taken from: its randomly sampled candidates
+    (what the search's first pool holds when the model first ranks the task), or all."""
+    rand = np.asarray([p == "random" for p in task.phase])
+    return task.features[rand] if rand.sum() >= 8 else task.features
+
+
+def transfer_matrix(task: TaskData) -> np.ndarray:
+    """The task's candidates as the pre-trained model sees them."""
+    from relax_tune.cost_model.transfer import task_reference, transfer_features
+
+    return transfer_features(task.features, task_reference(reference_rows(task)), task.facts)
+
+
+def labels(secs: np.ndarray) -> np.ndarray:
+    """Normalised throughput within a task: best / secs (1 for the best, 0 for failures)."""
+    ok = secs < 0.5e10
+    if not ok.any():
+        return np.zeros(len(secs))
+    return np.where(ok, secs[ok].min() / np.maximum(secs, 1e-12), 0.0)
+
+
+def ranking_metrics(pred: np.ndarray, secs: np.ndarray, k: int = 10) -> dict[str, float]:
+    """Kendall tau between predictions and speed over the valid candidates, whether the true
+    best is among the top-``k`` predicted (recall@k of the best), and the share of the true
+    top-``k`` among the predicted top-``k``."""
+    from relax_tune.cost_model.prior import kendall_tau
+
+    ok = secs < 0.5e10
+    pred, secs = np.asarray(pred)[ok], np.asarray(secs)[ok]
+    if len(secs) < 2:
+        return {"tau": 0.0, "best_in_top": 0.0, "top_overlap": 0.0}
+    top_pred = np.argsort(-pred, kind="stable")[:k]
+    top_true = np.argsort(secs, kind="stable")[:k]
+    return {"tau": kendall_tau(pred, -secs),
+            "best_in_top": float(int(top_true[0]) in set(top_pred.tolist())),
+            "top_overlap": len(set(top_pred.tolist()) & set(top_true.tolist())) / min(k, len(secs))}

@@ -1,0 +1,143 @@
+"""How good is the pre-trained cost model on workloads held out of its training?
+
+    nice -n 19 python benchmarks/evaluate_prior.py --corpus /work/corpus            # both parts
+    python benchmarks/evaluate_prior.py --corpus /work/corpus --no-tune             # ranking only
+    python benchmarks/evaluate_prior.py --tune-only --trials 8 16 32 64 --kernels matmul_256
+
+Part 1, ranking (no measurement, the corpus's held-out workloads): a tuning session is
+replayed in the corpus's commit order. After ``n`` measured candidates (n = 0, 16, 32, 64)
+each model ranks the task's remaining candidates; printed are the mean over held-out tasks
+of Kendall tau (valid candidates), "best@10" (share of tasks whose true best remaining
+candidate is in the model's top 10) and "top10" (overlap of predicted and true top 10).
+Models: random, "fresh" (``XGBModel`` learning from the session only, what
+``cost_model="xgb-fresh"`` does), "prior" (the shipped model alone) and the two
+adaptations "blend" and "finetune" (``PriorXGBModel(adapt=...)``).
+
+Part 2, tuning (measured now): each held-out kernel is tuned with ``cost_model="xgb-prior"`` (the
+prior, default adaptation) and ``"xgb-fresh"``, same seed and settings; printed is the best
+latency recorded after 8, 16, 32 and 64 trials (from the tuning records, in commit order;
+times of one session on this machine, not re-timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from corpus import load_corpus, ranking_metrics  # noqa: E402
+
+import relax_tune as rt  # noqa: E402
+from relax_tune.cost_model import PriorXGBModel, RandomModel, XGBModel  # noqa: E402
+from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
+
+HELDOUT_KERNELS = ("matmul_256", "conv2d_nchw_c96_h20", "batch_matmul_8x96x96x48",
+                   "depthwise_c128_h28")
+
+
+def _models(seed: int):
+    return {"random": lambda: RandomModel(seed=seed),
+            "fresh": lambda: XGBModel(seed=seed),
+            "prior": lambda: PriorXGBModel(adapt="none", seed=seed),
+            "blend": lambda: PriorXGBModel(adapt="blend", seed=seed),
+            "finetune": lambda: PriorXGBModel(adapt="finetune", seed=seed)}
+
+
+def session_ranking(task, make_model, n: int, batch: int = 16, k: int = 10) -> dict:
+    """Metrics of a model that learnt the task's first ``n`` candidates (in batches, as in
+    tuning), ranking the rest."""
+    model = make_model()
+    name = task.name
+    if isinstance(model, PriorXGBModel):
+        model.set_facts(name, task.facts)  # the facts of the machine it was measured on
+    rest = np.arange(n, len(task.secs))
+    # the model sees the task's pool first (as the search scores it before measuring)
+    model.predict_features(name, task.features[:max(n, 24)])
+    for start in range(0, n, batch):
+        sel = slice(start, min(n, start + batch))
+        if start > 0:
+            model.predict_features(name, task.features[sel])
+        model.update_features(name, task.features[sel], task.secs[sel])
+    pred = model.predict_features(name, task.features[rest])
+    return ranking_metrics(pred, task.secs[rest], k)
+
+
+def ranking_table(corpus: str, seed: int, budgets=(0, 16, 32, 64)) -> None:
+    tasks = [t for t in load_corpus(corpus, FEATURE_VERSION) if t.split == "heldout"
+             and len(t.secs) >= 48]
+    print(f"\nheld-out ranking: {len(tasks)} tasks "
+          f"({', '.join(t.workload for t in tasks)}), candidates per task "
+          f"{min(len(t.secs) for t in tasks)}-{max(len(t.secs) for t in tasks)}")
+    print(f"{'model':10s} {'n':>4s} {'tau':>7s} {'best@10':>8s} {'top10':>6s}")
+    for name, make in _models(seed).items():
+        for n in budgets:
+            ms = [session_ranking(t, make, n) for t in tasks if len(t.secs) > n + 16]
+            if not ms:
+                continue
+            print(f"{name:10s} {n:4d} {np.mean([m['tau'] for m in ms]):+7.3f} "
+                  f"{np.mean([m['best_in_top'] for m in ms]):8.2f} "
+                  f"{np.mean([m['top_overlap'] for m in ms]):6.2f}")
+
+
+def best_after(work_dir: str, ks) -> list[float]:
+    """Best recorded mean seconds among the first k candidates, for each k."""
+    from relax_tune.database.records import is_baseline
+
+    recs = [r for r in rt.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
+            if not is_baseline(r.trace_json)]
+    out = []
+    for k in ks:
+        valid = [r.mean_run_secs for r in recs[:k] if r.is_valid]
+        out.append(min(valid) if valid else float("nan"))
+    return out
+
+
+def tuning_table(kernels, trials, seed: int) -> None:
+    from make_corpus import WORKLOADS
+
+    target = rt.host_target()
+    by_name = {w.name: w for w in WORKLOADS}
+    print(f"\ntuning held-out kernels: best recorded latency (us) after N trials, target "
+          f"{target}, TVM threads {os.environ.get('TVM_NUM_THREADS')}")
+    head = " ".join(f"{n:>8d}" for n in trials)
+    print(f"{'kernel':28s} {'model':10s} {head}   wall s")
+    for name in kernels:
+        mod = by_name[name].build()
+        for model in ("xgb-prior", "xgb-fresh"):
+            with tempfile.TemporaryDirectory() as wd:
+                start = time.perf_counter()
+                rt.tune_tir(mod, target, wd, max_trials_global=max(trials),
+                            num_trials_per_iter=8, cost_model=model, seed=seed,
+                            convergence_window=0, progress_bar=False)
+                wall = time.perf_counter() - start
+                bests = best_after(wd, trials)
+            label = "prior" if model == "xgb-prior" else "fresh"
+            cells = " ".join(f"{b * 1e6:8.1f}" for b in bests)
+            print(f"{name:28s} {label:10s} {cells}   {wall:6.0f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", default="/work/corpus")
+    parser.add_argument("--kernels", nargs="+", default=list(HELDOUT_KERNELS))
+    parser.add_argument("--trials", nargs="+", type=int, default=[8, 16, 32, 64])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-tune", action="store_true")
+    parser.add_argument("--tune-only", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    rt.utils.ensure_tvm_threads()
+    if not args.tune_only:
+        ranking_table(args.corpus, args.seed)
+    if not args.no_tune:
+        tuning_table(args.kernels, sorted(args.trials), args.seed)
+
+
+if __name__ == "__main__":
+    main()

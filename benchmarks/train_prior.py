@@ -1,0 +1,133 @@
+"""Train the pre-trained cost model from a corpus (``make_corpus.py``) and ship it.
+
+    nice -n 19 python benchmarks/train_prior.py --corpus /work/corpus            # writes the
+        # package's relax_tune/cost_model/pretrained/xgb_prior.{ubj,_meta.json}
+    python benchmarks/train_prior.py --corpus /work/corpus --out /tmp/prior --seed 2
+
+An XGBoost ``rank:pairwise`` model, one group per (workload, target), labels the normalised
+throughput within the group, on ``transfer_features``. Workloads marked held-out in the
+corpus are never trained on; the script prints their ranking (Kendall tau, whether the true
+best is in the predicted top 10) and stores it in the metadata. Reproducible: a fixed seed,
+one thread and a sorted corpus give the same trees (``train`` is what the tests call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from corpus import TaskData, labels, load_corpus, ranking_metrics, transfer_matrix  # noqa: E402
+
+from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
+from relax_tune.cost_model.prior import PRIOR_META_FILE, PRIOR_MODEL_FILE  # noqa: E402
+from relax_tune.cost_model.transfer import N_TRANSFER, TRANSFER_VERSION  # noqa: E402
+
+PARAMS = {"objective": "rank:pairwise", "lambdarank_pair_method": "mean",
+          "lambdarank_num_pair_per_sample": 8, "eta": 0.1, "max_depth": 3,
+          "min_child_weight": 2.0, "subsample": 0.8, "colsample_bytree": 0.6,
+          "tree_method": "hist", "verbosity": 0}
+ROUNDS = 200
+
+
+def training_arrays(tasks: list[TaskData]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """``(X, y, group sizes)`` of ``tasks`` (each a group; groups of fewer than 2 rows
+    dropped)."""
+    xs, ys, groups = [], [], []
+    for task in tasks:
+        if len(task.secs) < 2:
+            continue
+        xs.append(transfer_matrix(task))
+        ys.append(labels(task.secs))
+        groups.append(len(task.secs))
+    return np.concatenate(xs), np.concatenate(ys), groups
+
+
+def train(tasks: list[TaskData], seed: int = 1, rounds: int = ROUNDS, params: dict | None = None):
+    """The trained booster (one thread, ``seed``: reproducible)."""
+    import xgboost as xgb
+
+    x, y, groups = training_arrays(tasks)
+    dtrain = xgb.DMatrix(x, label=y)
+    dtrain.set_group(groups)
+    p = dict(PARAMS if params is None else params)
+    p.update({"seed": seed, "nthread": 1})
+    return xgb.train(p, dtrain, num_boost_round=rounds)
+
+
+def evaluate(booster, tasks: list[TaskData]) -> dict[str, dict[str, float]]:
+    """Ranking metrics of ``booster`` on every task, by task name."""
+    import xgboost as xgb
+
+    return {t.name: ranking_metrics(booster.predict(xgb.DMatrix(transfer_matrix(t))), t.secs)
+            for t in tasks}
+
+
+TEST_WORKLOADS = ("matmul_256", "conv2d_nchw_c96_h20")
+
+
+def write_test_data(tasks: list[TaskData], path: str) -> None:
+    """The tests' fixed held-out data: raw features, seconds, phase and machine facts of
+    ``tasks`` (compressed npz, a few hundred KB at most)."""
+    from relax_tune.cost_model.transfer import FACT_NAMES
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    np.savez_compressed(
+        path, names=np.asarray([t.workload for t in tasks]),
+        x=np.concatenate([t.features for t in tasks]).astype(np.float32),
+        secs=np.concatenate([t.secs for t in tasks]),
+        task=np.concatenate([np.full(len(t.secs), i) for i, t in enumerate(tasks)]),
+        random=np.concatenate([[p == "random" for p in t.phase] for t in tasks]),
+        fact_names=np.asarray(FACT_NAMES),
+        facts=np.asarray([[t.facts[n] for n in FACT_NAMES] for t in tasks]))
+    print(f"wrote {path} ({os.path.getsize(path) / 1024:.0f} KiB)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", default="/work/corpus")
+    parser.add_argument("--out", default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "relax_tune", "cost_model",
+        "pretrained"), help="where the model goes (default: the package's pretrained/)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--test-data", default=None, metavar="NPZ",
+                        help="also write the held-out workloads TEST_WORKLOADS as the tests' "
+                             "fixed data file (tests/data/prior_heldout.npz)")
+    args = parser.parse_args()
+    tasks = load_corpus(args.corpus, FEATURE_VERSION)
+    train_tasks = [t for t in tasks if t.split == "train"]
+    heldout = [t for t in tasks if t.split == "heldout"]
+    print(f"corpus {args.corpus}: {len(train_tasks)} train tasks "
+          f"({sum(len(t.secs) for t in train_tasks)} candidates), {len(heldout)} held out")
+    booster = train(train_tasks, args.seed, args.rounds)
+    results = evaluate(booster, heldout)
+    for name, m in results.items():
+        print(f"  held out {name.split('@')[0]:32s} tau {m['tau']:+.3f}  best in top-10 "
+              f"{m['best_in_top']:.0f}  top-10 overlap {m['top_overlap']:.2f}")
+    if results:
+        print(f"  mean tau {np.mean([m['tau'] for m in results.values()]):+.3f}")
+    os.makedirs(args.out, exist_ok=True)
+    booster.save_model(os.path.join(args.out, PRIOR_MODEL_FILE))
+    meta = {"feature_version": FEATURE_VERSION, "transfer_version": TRANSFER_VERSION,
+            "n_columns": N_TRANSFER, "params": {**PARAMS, "seed": args.seed},
+            "rounds": args.rounds,
+            "train_tasks": sorted({t.workload for t in train_tasks}),
+            "heldout_tasks": sorted({t.workload for t in heldout}),
+            "targets": sorted({t.target for t in train_tasks}),
+            "train_candidates": int(sum(len(t.secs) for t in train_tasks)),
+            "heldout_metrics": {k.split("@")[0]: v for k, v in results.items()}}
+    with open(os.path.join(args.out, PRIOR_META_FILE), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=1, sort_keys=True)
+    if args.test_data:
+        write_test_data([t for t in heldout if t.workload in TEST_WORKLOADS], args.test_data)
+    size = os.path.getsize(os.path.join(args.out, PRIOR_MODEL_FILE))
+    print(f"wrote {args.out}/{PRIOR_MODEL_FILE} ({size / 1024:.0f} KiB)")
+
+
+if __name__ == "__main__":
+    main()

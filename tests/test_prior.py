@@ -1,0 +1,175 @@
+"""The pre-trained cost model: shipped in the wheel, loads in a fresh install, ranks held-out
+workloads better than random on fixed measured data, adapts to a session, and is trained
+reproducibly from a seed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+from relax_tune.config import make_config
+from relax_tune.cost_model import (PriorXGBModel, RandomModel, XGBModel, cost_model_dir,
+                                   make_cost_model)
+from relax_tune.cost_model.prior import (PRIOR_META_FILE, PRIOR_MODEL_FILE, kendall_tau,
+                                         prior_files)
+from relax_tune.utils import RelaxTuneError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HELDOUT = os.path.join(ROOT, "tests", "data", "prior_heldout.npz")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+
+def _heldout() -> list[dict]:
+    """The committed held-out data: workloads the shipped model never saw, their candidates'
+    raw features and measured seconds (from benchmarks/make_corpus.py on an AMD EPYC Zen 4)."""
+    data = np.load(HELDOUT, allow_pickle=False)
+    names = [str(n) for n in data["names"]]
+    out = []
+    for i, name in enumerate(names):
+        sel = data["task"] == i
+        facts = dict(zip([str(f) for f in data["fact_names"]], data["facts"][i].tolist()))
+        out.append({"name": name, "x": data["x"][sel], "secs": data["secs"][sel],
+                    "facts": facts, "phase_random": data["random"][sel]})
+    return out
+
+
+def _valid(task):
+    ok = task["secs"] < 5e9
+    return task["x"][ok], task["secs"][ok]
+
+
+def test_shipped_model_files_exist_and_load():
+    model_path, meta_path = prior_files()
+    assert os.path.isfile(model_path) and os.path.isfile(meta_path)
+    assert os.path.getsize(model_path) < 4 * 1024 * 1024  # a few MB at most
+    model = make_cost_model("xgb-prior")
+    assert isinstance(model, PriorXGBModel) and model.prior is not None and model.trained
+    held = {t["name"] for t in _heldout()}
+    assert held and not held & set(model.meta["train_tasks"])  # the test data is held out
+
+
+def _prior_taus() -> list[tuple[str, float, list[float], float]]:
+    """Per held-out workload: the shipped model's Kendall tau over its valid candidates
+    (seeing the randomly sampled ones first, as the search's first pool), the taus of 20
+    random rankings, and the top-10 overlap with the true top 10."""
+    out = []
+    for task in _heldout():
+        ok = task["secs"] < 5e9
+        x, secs = task["x"][ok], task["secs"][ok]
+        model = PriorXGBModel(adapt="none")
+        model.set_facts(task["name"], task["facts"])
+        model.predict_features(task["name"], task["x"][task["phase_random"]])  # first pool
+        pred = model.predict_features(task["name"], x)
+        rand = [kendall_tau(RandomModel(seed=s).predict_features("t", x), -secs)
+                for s in range(20)]
+        overlap = len(set(np.argsort(-pred)[:10]) & set(np.argsort(secs)[:10])) / 10
+        tau = kendall_tau(pred, -secs)
+        print(f"{task['name']}: {len(secs)} candidates, prior tau {tau:+.3f}, random "
+              f"{np.mean(rand):+.3f} (max {np.max(rand):+.3f}), top-10 overlap {overlap:.1f}")
+        out.append((task["name"], tau, rand, overlap))
+    return out
+
+
+def test_prior_ranks_held_out_workloads_better_than_random():
+    """On fixed data the result is deterministic: this guards the feature pipeline (columns
+    out of order or a stale model give a tau near 0 or below)."""
+    results = _prior_taus()
+    assert all(tau > np.mean(rand) for _, tau, rand, _ in results)
+    assert np.mean([tau for _, tau, _, _ in results]) > 0.06
+
+
+@pytest.mark.xfail(strict=True, reason="the shipped model, trained on 729 candidates measured "
+                   "on a loaded shared 2-core machine, ranks held-out workloads only weakly "
+                   "(tau ~0.1); a larger corpus measured on a quiet machine should pass this; "
+                   "strict: remove the mark then")
+def test_prior_ranks_held_out_workloads_better_than_random_by_a_clear_margin():
+    for name, tau, rand, _ in _prior_taus():
+        assert tau > max(0.15, np.max(rand)), name  # 2.5 sigma of a random ranking
+
+
+def test_names_and_config():
+    assert isinstance(make_cost_model("xgb"), XGBModel)
+    assert not isinstance(make_cost_model("xgb"), PriorXGBModel)
+    assert isinstance(make_cost_model("xgb-fresh"), XGBModel)
+    assert isinstance(make_cost_model("xgb-prior"), PriorXGBModel)
+    assert make_config(cost_model="xgb-fresh").cost_model == "xgb-fresh"
+    assert make_config().cost_model == "xgb"  # the prior is opt-in ("xgb-prior")
+    with pytest.raises(RelaxTuneError, match="cost_model"):
+        make_config(cost_model="xgb_fresh")
+    with pytest.raises(ValueError, match="adapt"):
+        PriorXGBModel(adapt="sometimes")
+
+
+@pytest.mark.parametrize("adapt", ["blend", "finetune"])
+def test_adapts_to_the_session_and_keeps_it_in_the_work_dir(tmp_path, adapt):
+    task = _heldout()[0]
+    x, secs = task["x"], task["secs"]
+    model = PriorXGBModel(adapt=adapt)
+    model.set_facts("t", task["facts"])
+    before = model.predict_features("t", x[64:])
+    for start in range(0, 64, 16):
+        model.predict_features("t", x[start:start + 16])
+        model.update_features("t", x[start:start + 16], secs[start:start + 16],
+                              keys=[str(i) for i in range(start, start + 16)])
+    assert model.num_rows == 64 and model.fresh.trained
+    after = model.predict_features("t", x[64:])
+    assert after.shape == before.shape and not np.allclose(after, before)
+    if adapt == "finetune":
+        assert model.tuned is not None
+    else:
+        assert 0.0 <= model.blend_weight() <= 1.0 and model._taus["fresh"]
+    wd = str(tmp_path)
+    model.save(cost_model_dir(wd))
+    warm = make_cost_model("xgb-prior", wd)  # the next session on this work_dir
+    assert warm.num_rows == 64 and warm.prior is not None
+    assert XGBModel().load(cost_model_dir(wd))  # the fresh model reads the same files
+
+
+def test_training_is_reproducible_from_a_seed():
+    from corpus import TaskData
+    from train_prior import train
+
+    tasks = []
+    for t in _heldout():
+        n = len(t["secs"])
+        tasks.append(TaskData(t["name"], "op", "train", "llvm", t["facts"], t["x"], t["secs"],
+                              np.arange(n), ["random" if r else "evolutionary"
+                                             for r in t["phase_random"]]))
+    a = train(tasks, seed=3, rounds=20).save_raw("json")
+    b = train(tasks, seed=3, rounds=20).save_raw("json")
+    c = train(tasks, seed=4, rounds=20).save_raw("json")
+    assert a == b
+    assert a != c
+
+
+@pytest.mark.timeout(300)
+def test_shipped_model_loads_in_a_fresh_install(tmp_path):
+    """Build the wheel, install it into an empty folder and load the model from there."""
+    wheel_dir, site = tmp_path / "wheel", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(wheel_dir), ROOT], check=True, cwd=str(tmp_path))
+    wheel = next(wheel_dir.glob("relax_tune-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for f in (PRIOR_MODEL_FILE, PRIOR_META_FILE):
+        assert f"relax_tune/cost_model/pretrained/{f}" in names
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(site), str(wheel)], check=True, cwd=str(tmp_path))
+    code = ("import relax_tune, numpy as np\n"
+            "from relax_tune.cost_model import make_cost_model, N_FEATURES\n"
+            "from relax_tune.cost_model.prior import prior_files\n"
+            f"assert relax_tune.__file__.startswith({str(site)!r}), relax_tune.__file__\n"
+            f"assert prior_files()[0].startswith({str(site)!r})\n"
+            "m = make_cost_model('xgb-prior')\n"
+            "assert m.prior is not None\n"
+            "print(m.predict_features('t', np.random.default_rng(0).random((20, N_FEATURES))).shape)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path),
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "(20,)" in out.stdout
