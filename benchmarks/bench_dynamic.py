@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,32 +44,11 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+# the real-model benchmark's helpers: progress lines, the machine and commit, one round of calls
+from bench_real_models import calibrate, cpu_model, log, relax_tune_commit, time_once  # noqa: E402
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as file:
-            for line in file:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def relax_tune_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-# ---------------------------------------------------------------------------- models
 def make_model(name: str, small: bool):
     """``(mod, weights {name: array}, config)`` of a model with a symbolic length ``n``."""
     from relax_tune import models
@@ -156,22 +134,8 @@ class Row:
     vs_untuned: list[float] = field(default_factory=list)
     vs_torch: list[float] = field(default_factory=list)
     number: int = 1
+    warm: bool = True
     max_rel: float | None = None
-
-
-def calibrate(row: Row, min_secs: float) -> None:
-    row.call()
-    start = time.perf_counter()
-    row.call()
-    row.number = max(1, math.ceil(min_secs / max(time.perf_counter() - start, 1e-6)))
-
-
-def time_once(row: Row) -> float:
-    row.call()
-    start = time.perf_counter()
-    for _ in range(row.number):
-        row.call()
-    return (time.perf_counter() - start) / row.number
 
 
 def interleave(rows: list[Row], rounds: int, pause: float) -> None:

@@ -80,22 +80,23 @@ def fast_exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return _let(_clamp(x, -88.3762626647949, 88.3762626647949), "fm_x", body)
 
 
+def _odd_rational(x: tirx.PrimExpr, bound: float, alpha: list[float],
+                  beta: list[float]) -> tirx.PrimExpr:
+    """x * P(x^2) / Q(x^2) on x clamped to [-bound, bound] (Eigen's erf and tanh form)."""
+    def body(xc):
+        return _let(xc * xc, "fm_x2",
+                    lambda x2: xc * _horner(x2, alpha) / _horner(x2, beta))
+    return _let(_clamp(x, -bound, bound), "fm_x", body)
+
+
 def fast_erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
     """float32 erf(x) as a rational approximation (Eigen)."""
-    def body(xc):
-        def frac(x2):
-            return xc * _horner(x2, _ERF_ALPHA) / _horner(x2, _ERF_BETA)
-        return _let(xc * xc, "fm_x2", frac)
-    return _let(_clamp(x, -4.0, 4.0), "fm_x", body)
+    return _odd_rational(x, 4.0, _ERF_ALPHA, _ERF_BETA)
 
 
 def fast_tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
     """float32 tanh(x) as a rational approximation (Eigen)."""
-    def body(xc):
-        def frac(x2):
-            return xc * _horner(x2, _TANH_ALPHA) / _horner(x2, _TANH_BETA)
-        return _let(xc * xc, "fm_x2", frac)
-    return _let(_clamp(x, -9.0, 9.0), "fm_x", body)
+    return _odd_rational(x, 9.0, _TANH_ALPHA, _TANH_BETA)
 
 
 def fast_sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
