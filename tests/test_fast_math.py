@@ -100,3 +100,32 @@ def test_lowering_uses_fast_math_on_cpu_only():
     assert not {"tirx.erf", "tirx.exp"} & calls(rt.host_target())
     assert {"tirx.erf", "tirx.exp"} <= calls(tvm.target.Target("cuda"))
     assert isinstance(FastMath(), tvm.transform.Pass)
+
+
+def test_fast_math_survives_inlining_into_a_dynamic_dispatch(tmp_path):
+    """Scheduling copies a rewritten exp into both consumers of its block; the dynamic-shape
+    dispatch (printed and parsed, relax_tune.dynamic) must still accept the function and
+    run it correctly (with Let-bound temporaries the parser rejected it: fm_x defined
+    twice)."""
+    from relax_tune import dynamic
+
+    n = tirx.Var("n", "int64")
+    a = te.placeholder((n, 16), name="A")
+    b = te.compute((n, 16), lambda i, j: tirx.exp(a[i, j]), name="B")
+    c = te.compute((n, 16), lambda i, j: b[i, j] + 1.0, name="C")
+    d = te.compute((n, 16), lambda i, j: b[i, j] * 2.0, name="D")
+    func = fast_math_func(te.create_prim_func([a, c, d]))
+    sch = tvm.s_tir.Schedule(func)
+    sch.compute_inline(sch.get_sblock("B"))
+    mod = tvm.IRModule({"main": dynamic.dispatch_function(
+        func, [({"n": 16}, sch.mod["main"]), ({"n": 64}, sch.mod["main"])])})
+    lib = tvm.compile(mod, target=rt.host_target())
+    path = str(tmp_path / "dispatch.so")
+    lib.export_library(path)
+    main = tvm.runtime.load_module(path)["main"]
+    for size in (5, 40, 100):
+        x = np.random.default_rng(size).standard_normal((size, 16)).astype("float32")
+        outs = [tvm.runtime.tensor(np.zeros_like(x)) for _ in range(2)]
+        main(tvm.runtime.tensor(x), *outs)
+        np.testing.assert_allclose(outs[0].numpy(), np.exp(x) + 1, rtol=2e-6)
+        np.testing.assert_allclose(outs[1].numpy(), np.exp(x) * 2, rtol=2e-6)
