@@ -46,7 +46,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 # the real-model benchmark's helpers: progress lines, the machine and commit, one round of calls
-from bench_real_models import calibrate, cpu_model, log, relax_tune_commit, time_once  # noqa: E402
+from bench_real_models import (calibrate, cpu_model, log, relax_tune_commit,  # noqa: E402
+                               set_torch_threads, time_once)
 
 
 def make_model(name: str, small: bool):
@@ -252,11 +253,7 @@ def main() -> int:
 
     import torch
 
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
+    set_torch_threads(torch, threads)
     sys.path.insert(0, ROOT)
     import tvm
 

@@ -95,6 +95,16 @@ def cpu_model() -> str:
     return "unknown"
 
 
+def set_torch_threads(torch, threads: int) -> None:
+    """PyTorch on ``threads`` intra-op threads and one inter-op thread (the latter can only
+    be set before PyTorch's first parallel work)."""
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+
+
 def relax_tune_commit() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
@@ -649,11 +659,7 @@ def main() -> int:
     import onnxruntime
     import torch
 
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
+    set_torch_threads(torch, threads)
     sys.path.insert(0, ROOT)
     import tvm
 

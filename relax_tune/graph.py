@@ -72,6 +72,19 @@ def _rewrite(matched: relax.Expr, matches: dict, parts: dict) -> relax.Expr:
     return relax.op.add(conv, bias)
 
 
+def _rewrite_functions(mod: tvm.IRModule, pattern, rewrite) -> tvm.IRModule:
+    """``mod`` with ``rewrite_call(pattern, rewrite, ...)`` applied to every Relax function
+    (``mod`` itself, not a copy, when nothing matched)."""
+    out = mod
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            new = rewrite_call(pattern, rewrite, func)
+            if not new.same_as(func):
+                out = out.clone() if out is mod else out  # update_func mutates in place
+                out.update_func(gv, new)
+    return out
+
+
 @tvm.transform.module_pass(opt_level=0, name="relax_tune.FoldBatchNormIntoConv")
 class FoldBatchNormIntoConv:
     """Fold every inference batch norm that follows a conv2d (NCHW/OIHW, optional bias add)
@@ -80,14 +93,7 @@ class FoldBatchNormIntoConv:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """``mod`` with the batch norms after convolutions folded."""
         pattern, parts = _fold_pattern()
-        out = mod
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                new = rewrite_call(pattern, lambda e, m: _rewrite(e, m, parts), func)
-                if not new.same_as(func):
-                    out = out.clone() if out is mod else out
-                    out.update_func(gv, new)
-        return out
+        return _rewrite_functions(mod, pattern, lambda e, m: _rewrite(e, m, parts))
 
 
 def _patch_conv(matched: relax.Expr, matches: dict, x_pat, w_pat) -> relax.Expr:
@@ -131,14 +137,7 @@ class PatchConvToMatmul:
         """``mod`` with its patch convolutions as matmuls."""
         x, w = wildcard(), wildcard()
         pattern = is_op("relax.nn.conv2d")(x, w)
-        out = mod
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                new = rewrite_call(pattern, lambda e, m: _patch_conv(e, m, x, w), func)
-                if not new.same_as(func):
-                    out = out.clone() if out is mod else out
-                    out.update_func(gv, new)
-        return out
+        return _rewrite_functions(mod, pattern, lambda e, m: _patch_conv(e, m, x, w))
 
 
 CPU_CONV_LAYOUT = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
@@ -229,11 +228,4 @@ def _cancel_transpose_pairs(mod: tvm.IRModule) -> tvm.IRModule:
         call = matches[unary]
         return relax.Call(call.op, [src, *call.args[1:]], call.attrs, call.ty_args)
 
-    out = mod
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            new = rewrite_call(pattern, rewrite, func)
-            if not new.same_as(func):
-                out = out.clone() if out is mod else out
-                out.update_func(gv, new)
-    return out
+    return _rewrite_functions(mod, pattern, rewrite)
