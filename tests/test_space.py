@@ -412,3 +412,26 @@ def test_parallel_budget_is_sampled_from_the_core_count(target):
     text = str(generate_design_space(mod, target)[0])
     cores = target_params(target).num_cores
     assert "sample_categorical" in text and f"candidates=[{4 * cores}," in text
+
+
+def test_unroll_never_unrolls_a_whole_nest_past_256_iterations():
+    """A 512 unroll step over a nest of exactly 512 serial iterations is lowered to 256 (LLVM
+    took 143 s on one such batch_matmul candidate, 0.7 s at 256); a nest too large to be
+    unrolled whole, a smaller step, and a vectorised loop (not a copy) leave it as sampled."""
+    from relax_tune.space.parallel_vectorize_unroll import MAX_FULL_UNROLL, _unroll_step
+
+    def loops_of(n, k, vectorize_j=False):
+        sch = Schedule(matmul(n, 16, k)[0])
+        blk = sch.get_sblock("C")
+        loops = list(sch.get_loops(blk))
+        if vectorize_j:
+            sch.vectorize(loops[1])
+        return sch, loops
+
+    sch, loops = loops_of(4, 32)                       # 16 * 32 = 512 under i
+    assert _unroll_step(sch, loops, 512) == MAX_FULL_UNROLL == 256
+    assert _unroll_step(sch, loops, 64) == 64
+    sch, loops = loops_of(4, 64)                       # 1024: never unrolled whole
+    assert _unroll_step(sch, loops, 512) == 512
+    sch, loops = loops_of(4, 32, vectorize_j=True)     # 32 serial iterations
+    assert _unroll_step(sch, loops, 512) == 512
