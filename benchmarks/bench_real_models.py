@@ -463,12 +463,18 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     def relax_tune_compile(wd: str, budget: int, **kw):
         return tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
             "relax_tune", target=target, work_dir=wd, max_trials_global=budget,
-            params=params, cost_model=args.cost_model, **kw))
+            params=params, cost_model=args.cost_model, **runner_option, **kw))
+
+    runner_option = {}
+    if args.cache_flush:
+        from relax_tune.measure import LocalRunner
+        runner_option = {"runner": LocalRunner(enable_cpu_cache_flush=True, repeat=5)}
 
     cumulative = 0.0
     last_wd = None
     for budget in budgets:
-        tag = "" if args.cost_model == "xgb" else f"-{args.cost_model}"
+        tag = ("" if args.cost_model == "xgb" else f"-{args.cost_model}") \
+            + ("-flush" if args.cache_flush else "")
         wd = os.path.join(root, f"{name}-rt{tag}-{budget}" if args.fresh else f"{name}-rt{tag}")
         log(f"{name}: relax_tune, {budget} trials"
             + ("" if args.fresh else f" (resuming {wd})"))
@@ -645,6 +651,10 @@ def main() -> int:
     parser.add_argument("--cost-model", default="xgb",
                         help="relax_tune's cost model: xgb (session-only XGBoost, the default), "
                              "xgb-prior (the shipped pre-trained model), random, none")
+    parser.add_argument("--cache-flush", action="store_true",
+                        help="relax_tune measures every candidate with cold caches for all "
+                             "but its first argument (LocalRunner(enable_cpu_cache_flush=True)"
+                             "): weights come from memory, as inside the whole model")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if args.trials_per_task is None:
@@ -682,7 +692,8 @@ def main() -> int:
         f" batch 1, float32, random weights",
         f"relax_tune budgets: {'fresh work_dir each' if args.fresh else 'incremental, one work_dir'}"
         f" (trials {args.trials or '-'}, per task {args.trials_per_task or '-'}"
-        f"{f', max_time {args.max_time:.0f} s' if args.max_time else ''})",
+        f"{f', max_time {args.max_time:.0f} s' if args.max_time else ''})"
+        f"{'; candidates timed with cold caches (--cache-flush)' if args.cache_flush else ''}",
         f"timing: {args.rounds} interleaved rounds, {args.pause} s pause, >= {args.min_secs} s "
         f"of calls per round; median of per-round means; load at start {os.getloadavg()}",
     ]

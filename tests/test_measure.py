@@ -246,3 +246,36 @@ def test_measure_never_imports_metaschedule():
         if name.endswith(".py"):
             with open(os.path.join(root, name), encoding="utf-8") as fh:
                 assert "meta_schedule" not in fh.read(), name
+
+
+def _counting_library(tmp_path) -> str:
+    """A library whose ``main`` adds 1 to ``C[0]`` (its second argument) per call."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def main(A: T.Buffer((4,), "float32"), C: T.Buffer((4,), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        C[0] = C[0] + T.float32(1.0)
+
+    path = str(tmp_path / "count.so")
+    tvm.compile(tvm.IRModule({"main": main}), "llvm").export_library(path)
+    return path
+
+
+# calls: run_candidate's warm-up, the time evaluator's own untimed first call, the timed ones
+@pytest.mark.parametrize("flush,calls", [(False, 2 + 3 * 5), (True, 2 + 3)])
+def test_cache_flush_times_one_cold_call_per_repeat(tmp_path, flush, calls):
+    """With ``cache_flush`` every timed call follows a flush: each of the ``repeat``
+    measurements is one call (the runtime flushes once per repeat, so ``number`` calls
+    would leave all but the first warm). Counted by a kernel that increments its argument."""
+    from relax_tune.measure import _worker
+
+    info = json.dumps([["TENSOR", "float32", [4]], ["TENSOR", "float32", [4]]])
+    artifact = _counting_library(tmp_path)
+    before = float(_worker._cached_inputs(info, tvm.cpu(), 11)[1].numpy()[0])
+    secs, err = _worker.run_candidate(artifact, info, 1, 0, number=5, repeat=3,
+                                      min_repeat_ms=0, cache_flush=flush, max_secs=None,
+                                      budget_secs=60.0, seed=11)
+    assert err is None and len(secs) == 3
+    after = float(_worker._cached_inputs(info, tvm.cpu(), 11)[1].numpy()[0])
+    assert round(after - before) == calls

@@ -69,7 +69,10 @@ def looks_lost(error: str) -> bool:
 
 def _time_main(module: Any, dev: Any, args: list, number: int, repeat: int,
                min_repeat_ms: int, cooldown_ms: int, cache_flush: bool) -> list[float]:
-    """``repeat`` timings of ``main`` on the server by the runtime's time evaluator."""
+    """``repeat`` timings of ``main`` on the server by the runtime's time evaluator (one
+    cold call each with ``cache_flush``, as ``_worker.run_candidate``)."""
+    if cache_flush:
+        number, min_repeat_ms = 1, 0
     evaluator = module.time_evaluator(
         "main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
         cooldown_interval_ms=cooldown_ms,

@@ -63,8 +63,11 @@ class LocalRunner(Runner):
         min_repeat_ms: minimum duration of one measurement; ``number`` grows to reach it
             (5 ms: a microsecond kernel is otherwise timed by a few calls, all timer noise;
             kernels of 2 ms and more are unaffected).
-        enable_cpu_cache_flush: flush the CPU caches before every call
-            (``cache_flush_cpu_non_first_arg``, CPU targets only).
+        enable_cpu_cache_flush: flush the CPU caches before every timed call
+            (``cache_flush_cpu_non_first_arg``: every argument but the first, so a
+            kernel's weights come from memory as they do inside a whole model while its
+            input stays cached; CPU targets only). Each of the ``repeat`` measurements is
+            then one call (``number`` and ``min_repeat_ms`` do not apply).
         slow_ratio: within a batch run with ``max_secs``, a candidate whose warm-up call
             takes more than this many times the batch's fastest candidate so far is not
             timed further (its warm-up time is its measurement); 0 turns this off.
