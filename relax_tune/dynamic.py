@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.s_tir import Schedule, Trace
+from tvm.s_tir import SBlock, SBlockRealize, Schedule, Trace
 
 from .utils import RelaxTuneError
 
@@ -286,13 +286,188 @@ def replay_symbolic(mod: tvm.IRModule, trace_json: list) -> tirx.PrimFunc:
     probe = Schedule(mod, error_render_level="none")
     trace.apply_to_schedule(probe, remove_postproc=False, decision_provider=inspect)
     if not drop:
-        return sch.mod["main"]
+        return unswitch_partial_tiles(sch.mod["main"])
     keep = [inst for i, inst in enumerate(trace.insts) if i not in set(drop)]
     decisions = {inst: trace.get_decision(inst) for inst in keep
                  if trace.get_decision(inst) is not None}
     final = Schedule(mod, error_render_level="none")
     Trace(keep, decisions).apply_to_schedule(final, remove_postproc=False)
-    return final.mod["main"]
+    return unswitch_partial_tiles(final.mod["main"])
+
+
+# ------------------------------------------------------------------------------------------
+# Full tiles without predicates
+
+UNSWITCH_DEPTH = 2
+"""Loop levels of one nest, outermost first, that get a full-tile test (each level doubles
+that nest's code in the worst case)."""
+
+
+def unswitch_partial_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` (a schedule replayed on symbolic extents) with every full tile run without
+    its predicates.
+
+    A tile that does not divide ``n`` is guarded by a block predicate (``T.where(i < n)``)
+    evaluated in the innermost loop: a symbolic division per element that also keeps LLVM
+    from unrolling and vectorising the tile as it does in the static kernel the record was
+    timed as (the BERT layer's projections ran 4x slower at the bucket's own size). Here a
+    loop's body becomes ``if <every predicate holds for the whole body>: <body without
+    them> else: <body as it was>``: the test is each predicate's upper bound over the loops
+    inside (``tvm.sym.Analyzer.int_set``), evaluated once per iteration of the loop. It is
+    tried at the outermost loop of each nest and, in the ``else`` part, again one level
+    deeper (``UNSWITCH_DEPTH``): a row-tiled matmul's partial tile is its last parallel
+    iteration; a reduction over ``n`` split by 16 is full in all but its last chunk.
+    A predicate whose bound cannot be expressed stays where it is. The result shares
+    definitions between the two copies; ``dispatch_function``'s print/parse renews them."""
+    root = func.body
+    if not isinstance(root, SBlockRealize):
+        return func
+    allowed = {id_of(v) for v in symbolic_vars(func)}
+    body = _unswitch_stmt(root.block.body, allowed, UNSWITCH_DEPTH, tvm.sym.Analyzer())
+    if body.same_as(root.block.body):
+        return func
+    block = _rebuild_block(root.block, body=body)
+    return func.with_body(SBlockRealize(root.iter_values, root.predicate, block))
+
+
+def id_of(var) -> int:
+    """A hashable identity of a TIR variable (``same_as``)."""
+    return var.__hash__() if hasattr(var, "__hash__") else id(var)
+
+
+def _unswitch_stmt(stmt, defined: set, depth: int, analyzer) -> tirx.Stmt:
+    """``stmt`` with full-tile tests at up to ``depth`` loop levels of each nest inside."""
+    if depth <= 0:
+        return stmt
+    if isinstance(stmt, tirx.SeqStmt):
+        parts = [_unswitch_stmt(s, defined, depth, analyzer) for s in stmt.seq]
+        if all(a.same_as(b) for a, b in zip(parts, stmt.seq)):
+            return stmt
+        return tirx.SeqStmt(parts)
+    if not isinstance(stmt, tirx.For):
+        return stmt
+    inner_defined = defined | {id_of(stmt.loop_var)}
+    guard, bounded = None, {}
+    if stmt.kind != tirx.ForKind.VECTORIZED:
+        guard, bounded = _full_tile_guard(stmt.body, inner_defined, analyzer)
+    if guard is None:
+        body = _unswitch_stmt(stmt.body, inner_defined, depth, analyzer)
+    else:
+        fast = _strip_predicates(stmt.body, bounded)
+        slow = _unswitch_stmt(stmt.body, inner_defined, depth - 1, analyzer)
+        body = tirx.IfThenElse(guard, fast, slow)
+    if body.same_as(stmt.body):
+        return stmt
+    return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
+                    stmt.thread_binding, stmt.annotations)
+
+
+def _full_tile_guard(body, defined: set, analyzer):
+    """``(condition, {block realize: predicate left})``: the condition under which every
+    boundable predicate term of the blocks in ``body`` holds for all iterations of the
+    loops inside ``body``; ``(None, {})`` when there is none."""
+    terms, bounded = [], {}
+    for realize, loops in _predicated_blocks(body, []):
+        dom = {loop.loop_var: tvm.sym.IntervalSet(loop.min, loop.min + loop.extent - 1)
+               for loop in loops}
+        left = []
+        for term in _conjuncts(realize.predicate):
+            diff = _as_negative(term)  # term holds iff diff < 0
+            bound = None
+            if diff is not None:
+                bound = analyzer.int_set(diff, dom).max_value
+                if not all(id_of(v) in defined for v in _vars_in(bound)):
+                    bound = None  # infinite, or depends on the loops inside
+            if bound is None:
+                left.append(term)
+            else:
+                terms.append(analyzer.simplify(bound < tirx.IntImm(str(bound.ty), 0)))
+        if len(left) < len(_conjuncts(realize.predicate)):
+            bounded[id_of(realize)] = left
+    if not terms:
+        return None, {}
+    guard = terms[0]
+    for term in terms[1:]:
+        guard = tirx.And(guard, term)
+    return guard, bounded
+
+
+def _predicated_blocks(stmt, loops: list) -> list:
+    """``(realize, enclosing loops inside stmt)`` of every block with a predicate."""
+    out = []
+    if isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            out += _predicated_blocks(s, loops)
+    elif isinstance(stmt, tirx.For):
+        out += _predicated_blocks(stmt.body, loops + [stmt])
+    elif isinstance(stmt, tirx.IfThenElse):
+        out += _predicated_blocks(stmt.then_case, loops)
+        if stmt.else_case is not None:
+            out += _predicated_blocks(stmt.else_case, loops)
+    elif isinstance(stmt, SBlockRealize):
+        if not _is_true(stmt.predicate):
+            out.append((stmt, loops))
+        out += _predicated_blocks(stmt.block.body, loops)
+        if stmt.block.init is not None:
+            out += _predicated_blocks(stmt.block.init, loops)
+    return out
+
+
+def _strip_predicates(stmt, bounded: dict):
+    """``stmt`` with the predicates of the blocks in ``bounded`` replaced by what is left
+    of them (their unbounded terms)."""
+    if isinstance(stmt, tirx.SeqStmt):
+        return tirx.SeqStmt([_strip_predicates(s, bounded) for s in stmt.seq])
+    if isinstance(stmt, tirx.For):
+        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind,
+                        _strip_predicates(stmt.body, bounded), stmt.thread_binding,
+                        stmt.annotations)
+    if isinstance(stmt, tirx.IfThenElse):
+        return tirx.IfThenElse(stmt.condition, _strip_predicates(stmt.then_case, bounded),
+                               None if stmt.else_case is None else
+                               _strip_predicates(stmt.else_case, bounded))
+    if isinstance(stmt, SBlockRealize):
+        block = stmt.block
+        block = _rebuild_block(block, body=_strip_predicates(block.body, bounded),
+                               init=None if block.init is None else
+                               _strip_predicates(block.init, bounded))
+        predicate = stmt.predicate
+        if id_of(stmt) in bounded:
+            left = bounded[id_of(stmt)]
+            predicate = tirx.const(True, "bool")
+            for term in left:
+                predicate = term if _is_true(predicate) else tirx.And(predicate, term)
+        return SBlockRealize(stmt.iter_values, predicate, block)
+    return stmt
+
+
+def _rebuild_block(block, body, init=None):
+    return SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body,
+                  init if init is not None else block.init, block.alloc_buffers,
+                  block.match_buffers, block.annotations)
+
+
+def _conjuncts(expr) -> list:
+    if isinstance(expr, tirx.And):
+        return _conjuncts(expr.a) + _conjuncts(expr.b)
+    return [expr]
+
+
+def _as_negative(term):
+    """An expression ``d`` with ``term`` true iff ``d < 0``, or None."""
+    if isinstance(term, tirx.LT):
+        return term.a - term.b
+    if isinstance(term, tirx.LE):
+        return term.a - term.b - 1
+    if isinstance(term, tirx.GT):
+        return term.b - term.a
+    if isinstance(term, tirx.GE):
+        return term.b - term.a - 1
+    return None
+
+
+def _is_true(expr) -> bool:
+    return isinstance(expr, tirx.IntImm) and int(expr.value) == 1
 
 
 # ------------------------------------------------------------------------------------------
