@@ -262,7 +262,8 @@ def symbolic_trace_json(trace_json: list) -> list:
 
 
 def replay_symbolic(mod: tvm.IRModule, trace_json: list,
-                    sizes: Mapping[str, int] | None = None) -> tirx.PrimFunc:
+                    sizes: Mapping[str, int] | None = None,
+                    full_tiles: bool = True) -> tirx.PrimFunc:
     """The function of ``mod`` (a normalised symbolic workload) scheduled by a static
     record's trace (``symbolic_trace_json``), its full tiles unswitched from their
     predicates (``unswitch_partial_tiles``). Raises when the trace does not replay on
@@ -272,7 +273,9 @@ def replay_symbolic(mod: tvm.IRModule, trace_json: list,
     ``n``, vectorised whole at the bucket's size). With ``sizes`` (the bucket's
     ``{var name: size}``) such a loop is split by ``vector_tile`` of its extent at the
     bucket and the inner part vectorised; without, or when that tile is too short, the
-    loop stays a plain loop."""
+    loop stays a plain loop. ``full_tiles=False`` leaves the predicates in place (tuning
+    only asks whether a candidate replays; unswitching never fails)."""
+    finish = _finish if full_tiles else (lambda func: func)
     sch = Schedule(mod, error_render_level="none")
     # Raises, e.g., for an rfactor of a reduction over n split by a factor that does not
     # divide n: TVM refuses to decompose its init (not quasi-affine), and rightly so, since
@@ -295,7 +298,7 @@ def replay_symbolic(mod: tvm.IRModule, trace_json: list,
     probe = Schedule(mod, error_render_level="none")
     trace.apply_to_schedule(probe, remove_postproc=False, decision_provider=inspect)
     if not symbolic:
-        return _finish(sch.mod["main"])
+        return finish(sch.mod["main"])
     tiles = {at: vector_tile(extent, mod["main"], sizes) for at, extent in symbolic.items()}
     # Splitting a loop by a fixed factor is always valid (the partial chunk is predicated);
     # TVM's dataflow check would refuse it under a cache-write copy whose bindings involve
@@ -303,7 +306,7 @@ def replay_symbolic(mod: tvm.IRModule, trace_json: list,
     final = Schedule(mod, error_render_level="none", enable_check=False)
     Trace.apply_json_to_schedule(_mark_vector_tiles(trace_to_json(trace), tiles), final)
     _split_vector_tiles(final)
-    return _finish(final.mod["main"])
+    return finish(final.mod["main"])
 
 
 VECTOR_TILE_KEY = "relax_tune.vector_tile"
@@ -407,7 +410,7 @@ def unswitch_partial_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     root = func.body
     if not isinstance(root, SBlockRealize):
         return func
-    allowed = {id_of(v) for v in symbolic_vars(func)}
+    allowed = {_identity(v) for v in symbolic_vars(func)}
     body = _unswitch_stmt(root.block.body, allowed, UNSWITCH_DEPTH, tvm.sym.Analyzer())
     if body.same_as(root.block.body):
         return func
@@ -415,9 +418,10 @@ def unswitch_partial_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return func.with_body(SBlockRealize(root.iter_values, root.predicate, block))
 
 
-def id_of(var) -> int:
-    """A hashable identity of a TIR variable (``same_as``)."""
-    return var.__hash__() if hasattr(var, "__hash__") else id(var)
+def _identity(node) -> int:
+    """A key for a TIR node that is equal exactly for the same node (``same_as``): the
+    hash of a TVM object is its handle's."""
+    return hash(node)
 
 
 def _unswitch_stmt(stmt, defined: set, depth: int, analyzer, tested: tuple = ()
@@ -433,7 +437,7 @@ def _unswitch_stmt(stmt, defined: set, depth: int, analyzer, tested: tuple = ()
         return tirx.SeqStmt(parts)
     if not isinstance(stmt, tirx.For) or stmt.kind == tirx.ForKind.VECTORIZED:
         return stmt
-    inner_defined = defined | {id_of(stmt.loop_var)}
+    inner_defined = defined | {_identity(stmt.loop_var)}
     terms, bounded = _full_tile_guard(stmt.body, inner_defined, analyzer, tested)
     if not terms:
         body = _unswitch_stmt(stmt.body, inner_defined, depth, analyzer, tested)
@@ -466,17 +470,17 @@ def _full_tile_guard(body, defined: set, analyzer, tested: tuple = ()):
     for realize, loops in _predicated_blocks(body, []):
         dom = {loop.loop_var: tvm.sym.IntervalSet(loop.min, loop.min + loop.extent - 1)
                for loop in loops}
-        symbolic_loops = {id_of(loop.loop_var) for loop in loops
+        symbolic_loops = {_identity(loop.loop_var) for loop in loops
                           if not isinstance(loop.extent, tirx.IntImm)}
         left = []
         all_terms = _conjuncts(realize.predicate)
         for term in all_terms:
             diff = _as_negative(term)  # term holds iff diff < 0
             bound = None
-            if diff is not None and not any(id_of(v) in symbolic_loops
+            if diff is not None and not any(_identity(v) in symbolic_loops
                                             for v in _vars_in(diff)):
                 bound = analyzer.int_set(diff, dom).max_value
-                if not all(id_of(v) in defined for v in _vars_in(bound)):
+                if not all(_identity(v) in defined for v in _vars_in(bound)):
                     bound = None  # infinite, or depends on the loops inside
             if bound is None:
                 left.append(term)
@@ -488,7 +492,7 @@ def _full_tile_guard(body, defined: set, analyzer, tested: tuple = ()):
             if not any(tvm_ffi.structural_equal(test, t) for t in terms):
                 terms.append(test)
         if len(left) < len(all_terms):
-            bounded[id_of(realize)] = left
+            bounded[_identity(realize)] = left
     return terms, (bounded if terms else {})
 
 
@@ -532,8 +536,8 @@ def _strip_predicates(stmt, bounded: dict):
                                init=None if block.init is None else
                                _strip_predicates(block.init, bounded))
         predicate = stmt.predicate
-        if id_of(stmt) in bounded:
-            left = bounded[id_of(stmt)]
+        if _identity(stmt) in bounded:
+            left = bounded[_identity(stmt)]
             predicate = tirx.const(True, "bool")
             for term in left:
                 predicate = term if _is_true(predicate) else tirx.And(predicate, term)
