@@ -13,7 +13,9 @@ cannot be scheduled for one size. relax_tune handles it in two halves:
   Branch ``b`` is the best trace of the size-``b`` task replayed on the *symbolic*
   function (``replay_symbolic``): tile sizes become fixed split factors with a
   ceil-divided outer loop, so the tiles are predicated and the branch is correct at every
-  size, tuned for ``b``. Sizes above the largest bucket run the untuned function. A
+  size, tuned for ``b``; full tiles run without their predicates
+  (``unswitch_partial_tiles``), and a loop the bucket vectorised whole is vectorised in
+  tiles (``vector_tile``). Sizes above the largest bucket run the untuned function. A
   bucket whose best record is its baseline (the untuned function) runs the untuned body:
   never slower than untuned per bucket.
 """
@@ -30,9 +32,9 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.s_tir import Schedule, Trace
+from tvm.s_tir import SBlock, SBlockRealize, Schedule, Trace
 
-from .utils import RelaxTuneError
+from .utils import RelaxTuneError, trace_to_json
 
 logger = logging.getLogger("relax_tune.dynamic")
 
@@ -259,40 +261,317 @@ def symbolic_trace_json(trace_json: list) -> list:
     return [kept, [[new_index[int(i)], d] for i, d in decisions if int(i) in new_index]]
 
 
-def replay_symbolic(mod: tvm.IRModule, trace_json: list) -> tirx.PrimFunc:
+def replay_symbolic(mod: tvm.IRModule, trace_json: list,
+                    sizes: Mapping[str, int] | None = None,
+                    full_tiles: bool = True) -> tirx.PrimFunc:
     """The function of ``mod`` (a normalised symbolic workload) scheduled by a static
-    record's trace (``symbolic_trace_json``). Vectorisation of loops whose extent stays
-    symbolic is dropped (TVM cannot vectorise them; the loop stays a plain loop). Raises
-    when the trace does not replay on symbolic extents (the caller tries the bucket's next
-    record)."""
+    record's trace (``symbolic_trace_json``), its full tiles unswitched from their
+    predicates (``unswitch_partial_tiles``). Raises when the trace does not replay on
+    symbolic extents (the caller tries the bucket's next record).
+
+    TVM cannot vectorise a loop whose extent stays symbolic (a softmax row of length
+    ``n``, vectorised whole at the bucket's size). With ``sizes`` (the bucket's
+    ``{var name: size}``) such a loop is split by ``vector_tile`` of its extent at the
+    bucket and the inner part vectorised; without, or when that tile is too short, the
+    loop stays a plain loop. ``full_tiles=False`` leaves the predicates in place (tuning
+    only asks whether a candidate replays; unswitching never fails)."""
+    finish = _finish if full_tiles else (lambda func: func)
     sch = Schedule(mod, error_render_level="none")
     # Raises, e.g., for an rfactor of a reduction over n split by a factor that does not
     # divide n: TVM refuses to decompose its init (not quasi-affine), and rightly so, since
     # without the decomposition the rfactor slots past n would never be initialised.
     Trace.apply_json_to_schedule(symbolic_trace_json(trace_json), sch)
     trace = sch.trace
-    drop: list[int] = []
+    symbolic: dict[int, object] = {}  # position of a Vectorize on a symbolic loop: extent
     position = [0]
 
     def inspect(inst, inputs, _attrs, decision):
         # called before each instruction is applied, in trace order, on ``probe``
-        if inst.kind.name == "Vectorize" and \
-                not isinstance(probe.get(inputs[0]).extent, tirx.IntImm):
-            drop.append(position[0])
+        if inst.kind.name == "Vectorize":
+            extent = probe.get(inputs[0]).extent
+            if not isinstance(extent, tirx.IntImm):
+                symbolic[position[0]] = extent
         position[0] += 1
         return decision
 
     # One pass on a fresh schedule finds the Vectorize instructions on symbolic loops.
     probe = Schedule(mod, error_render_level="none")
     trace.apply_to_schedule(probe, remove_postproc=False, decision_provider=inspect)
-    if not drop:
-        return sch.mod["main"]
-    keep = [inst for i, inst in enumerate(trace.insts) if i not in set(drop)]
-    decisions = {inst: trace.get_decision(inst) for inst in keep
-                 if trace.get_decision(inst) is not None}
-    final = Schedule(mod, error_render_level="none")
-    Trace(keep, decisions).apply_to_schedule(final, remove_postproc=False)
-    return final.mod["main"]
+    if not symbolic:
+        return finish(sch.mod["main"])
+    tiles = {at: vector_tile(extent, mod["main"], sizes) for at, extent in symbolic.items()}
+    # Splitting a loop by a fixed factor is always valid (the partial chunk is predicated);
+    # TVM's dataflow check would refuse it under a cache-write copy whose bindings involve
+    # the symbolic tiles.
+    final = Schedule(mod, error_render_level="none", enable_check=False)
+    Trace.apply_json_to_schedule(_mark_vector_tiles(trace_to_json(trace), tiles), final)
+    _split_vector_tiles(final)
+    return finish(final.mod["main"])
+
+
+VECTOR_TILE_KEY = "relax_tune.vector_tile"
+"""Loop annotation standing in, during replay, for a Vectorize of a symbolic loop."""
+
+
+MAX_VECTOR_TILE = 64
+"""Longest tile a symbolic loop is split by to be vectorised (4 AVX-512 float vectors)."""
+
+
+def vector_tile(extent, func: tirx.PrimFunc, sizes: Mapping[str, int] | None) -> int | None:
+    """The tile a vectorised loop of symbolic ``extent`` is split by: the largest power of
+    two up to its extent at the bucket's ``sizes`` and ``MAX_VECTOR_TILE``; None (do not
+    vectorise) without sizes or below 4 lanes."""
+    if not sizes:
+        return None
+    analyzer = tvm.sym.Analyzer()
+    for var in symbolic_vars(func):
+        if var.name in sizes:
+            analyzer.bind(var, tirx.IntImm(_dtype(var), int(sizes[var.name])))
+    at_bucket = analyzer.simplify(extent)
+    if not isinstance(at_bucket, tirx.IntImm):
+        return None
+    tile = 1
+    while tile * 2 <= min(int(at_bucket.value), MAX_VECTOR_TILE):
+        tile *= 2
+    return tile if tile >= 4 else None
+
+
+def _mark_vector_tiles(trace_json: list, tiles: Mapping[int, int | None]) -> list:
+    """``trace_json`` with each Vectorize at a position of ``tiles`` replaced by an
+    annotation of its loop with the tile (``VECTOR_TILE_KEY``), or dropped where the tile
+    is None. (Splitting there would change the loops every later GetLoops returns.)"""
+    insts, decisions = trace_json
+    out, new_index = [], {}
+    for index, inst in enumerate(insts):
+        if index in tiles:
+            if tiles[index] is not None:
+                out.append(["Annotate", [inst[1][0], int(tiles[index])],
+                            [VECTOR_TILE_KEY], []])
+            continue
+        new_index[index] = len(out)
+        out.append(inst)
+    return [out, [[new_index[int(i)], d] for i, d in decisions if int(i) in new_index]]
+
+
+def _split_vector_tiles(sch: Schedule) -> None:
+    """Each loop annotated ``VECTOR_TILE_KEY`` split by its tile, the inner loop
+    vectorised (the outer ceil-divided; the partial chunk is predicated)."""
+    names: list[str] = []
+    tvm_ffi.structural_walk(sch.mod["main"].body,
+                            [(SBlock, lambda b: names.append(str(b.name_hint)))])
+    for name in names:
+        if name == "root":
+            continue
+        for loop in sch.get_loops(sch.get_sblock(name)):
+            stmt = sch.get(loop)
+            if VECTOR_TILE_KEY not in stmt.annotations:
+                continue  # (a loop shared with an earlier block is done already)
+            tile = int(stmt.annotations[VECTOR_TILE_KEY])
+            sch.unannotate(loop, VECTOR_TILE_KEY)
+            _, inner = sch.split(loop, [None, tile])
+            sch.vectorize(inner)
+            break  # this block's loops changed; a loop is annotated once per block chain
+
+
+def _finish(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``unswitch_partial_tiles``, never failing the branch: the predicated function if it
+    cannot be done."""
+    try:
+        return unswitch_partial_tiles(func)
+    except Exception as err:  # the predicated function is correct, only slower
+        logger.debug("full tiles not unswitched (%s)", err)
+        return func
+
+
+# ------------------------------------------------------------------------------------------
+# Full tiles without predicates
+
+UNSWITCH_DEPTH = 2
+"""Full-tile tests nested in one loop nest at most (each doubles the code below it)."""
+
+
+def unswitch_partial_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` (a schedule replayed on symbolic extents) with every full tile run without
+    its predicates.
+
+    A tile that does not divide ``n`` is guarded by a block predicate (``T.where(i < n)``)
+    evaluated in the innermost loop: a symbolic division per element that also keeps LLVM
+    from unrolling and vectorising the tile as it does in the static kernel the record was
+    timed as (the BERT layer's projections ran 4x slower at the bucket's own size). Here a
+    loop's body becomes ``if <every predicate holds for the whole body>: <body without
+    them> else: <body as it was>``: the test is each predicate's upper bound over the loops
+    inside (``tvm.sym.Analyzer.int_set``), evaluated once per iteration of the loop. Each
+    predicate is tested at the outermost loop whose inner loops it depends on all have a
+    constant extent (``_full_tile_guard``): a row-tiled matmul's row tiles at its parallel
+    loop (only the last iteration is partial), a reduction over ``n`` split by 16 inside
+    its chunk loop (only the last chunk is partial). Up to ``UNSWITCH_DEPTH`` tests nest.
+    A predicate whose bound cannot be expressed stays where it is. The result shares
+    definitions between the two copies; ``dispatch_function``'s print/parse renews them."""
+    root = func.body
+    if not isinstance(root, SBlockRealize):
+        return func
+    allowed = {_identity(v) for v in symbolic_vars(func)}
+    body = _unswitch_stmt(root.block.body, allowed, UNSWITCH_DEPTH, tvm.sym.Analyzer())
+    if body.same_as(root.block.body):
+        return func
+    block = _rebuild_block(root.block, body=body)
+    return func.with_body(SBlockRealize(root.iter_values, root.predicate, block))
+
+
+def _identity(node) -> int:
+    """A key for a TIR node that is equal exactly for the same node (``same_as``): the
+    hash of a TVM object is its handle's."""
+    return hash(node)
+
+
+def _unswitch_stmt(stmt, defined: set, depth: int, analyzer, tested: tuple = ()
+                   ) -> tirx.Stmt:
+    """``stmt`` with full-tile tests at up to ``depth`` nested loop levels of each nest;
+    ``tested``: the tests already made around it (not repeated inside)."""
+    if depth <= 0:
+        return stmt
+    if isinstance(stmt, tirx.SeqStmt):
+        parts = [_unswitch_stmt(s, defined, depth, analyzer, tested) for s in stmt.seq]
+        if all(a.same_as(b) for a, b in zip(parts, stmt.seq)):
+            return stmt
+        return tirx.SeqStmt(parts)
+    if not isinstance(stmt, tirx.For) or stmt.kind == tirx.ForKind.VECTORIZED:
+        return stmt
+    inner_defined = defined | {_identity(stmt.loop_var)}
+    terms, bounded = _full_tile_guard(stmt.body, inner_defined, analyzer, tested)
+    if not terms:
+        body = _unswitch_stmt(stmt.body, inner_defined, depth, analyzer, tested)
+    else:
+        tested = tested + tuple(terms)
+        fast = _unswitch_stmt(_strip_predicates(stmt.body, bounded), inner_defined,
+                              depth - 1, analyzer, tested)
+        slow = _unswitch_stmt(stmt.body, inner_defined, depth - 1, analyzer, tested)
+        guard = terms[0]
+        for term in terms[1:]:
+            guard = tirx.And(guard, term)
+        body = tirx.IfThenElse(guard, fast, slow)
+    if body.same_as(stmt.body):
+        return stmt
+    return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
+                    stmt.thread_binding, stmt.annotations)
+
+
+def _full_tile_guard(body, defined: set, analyzer, tested: tuple = ()):
+    """``(tests, {block realize: predicate terms left})``: the tests that, all true, make
+    the predicate terms of the blocks in ``body`` they cover hold at every iteration of
+    the loops inside ``body``; ``([], {})`` when they cover none. A test among ``tested``
+    (made around ``body`` already) covers nothing here.
+
+    A term is covered when its upper bound over the loops inside is expressible in the
+    variables defined outside, and it varies only with inner loops of constant extent: a
+    term over a loop of symbolic extent (a chunk index up to ``ceil(n / 16)``) holds for
+    all chunks only when the tile divides ``n``, so it is left to that loop's own body."""
+    terms, bounded = [], {}
+    for realize, loops in _predicated_blocks(body, []):
+        dom = {loop.loop_var: tvm.sym.IntervalSet(loop.min, loop.min + loop.extent - 1)
+               for loop in loops}
+        symbolic_loops = {_identity(loop.loop_var) for loop in loops
+                          if not isinstance(loop.extent, tirx.IntImm)}
+        left = []
+        all_terms = _conjuncts(realize.predicate)
+        for term in all_terms:
+            diff = _as_negative(term)  # term holds iff diff < 0
+            bound = None
+            if diff is not None and not any(_identity(v) in symbolic_loops
+                                            for v in _vars_in(diff)):
+                bound = analyzer.int_set(diff, dom).max_value
+                if not all(_identity(v) in defined for v in _vars_in(bound)):
+                    bound = None  # infinite, or depends on the loops inside
+            if bound is None:
+                left.append(term)
+                continue
+            test = analyzer.simplify(bound < tirx.IntImm(str(bound.ty), 0))
+            if any(tvm_ffi.structural_equal(test, t) for t in tested):
+                left.append(term)  # false here, or it would have been stripped
+                continue
+            if not any(tvm_ffi.structural_equal(test, t) for t in terms):
+                terms.append(test)
+        if len(left) < len(all_terms):
+            bounded[_identity(realize)] = left
+    return terms, (bounded if terms else {})
+
+
+def _predicated_blocks(stmt, loops: list) -> list:
+    """``(realize, enclosing loops inside stmt)`` of every block with a predicate."""
+    out = []
+    if isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            out += _predicated_blocks(s, loops)
+    elif isinstance(stmt, tirx.For):
+        out += _predicated_blocks(stmt.body, loops + [stmt])
+    elif isinstance(stmt, tirx.IfThenElse):
+        out += _predicated_blocks(stmt.then_case, loops)
+        if stmt.else_case is not None:
+            out += _predicated_blocks(stmt.else_case, loops)
+    elif isinstance(stmt, SBlockRealize):
+        if not _is_true(stmt.predicate):
+            out.append((stmt, loops))
+        out += _predicated_blocks(stmt.block.body, loops)
+        if stmt.block.init is not None:
+            out += _predicated_blocks(stmt.block.init, loops)
+    return out
+
+
+def _strip_predicates(stmt, bounded: dict):
+    """``stmt`` with the predicates of the blocks in ``bounded`` replaced by what is left
+    of them (their unbounded terms)."""
+    if isinstance(stmt, tirx.SeqStmt):
+        return tirx.SeqStmt([_strip_predicates(s, bounded) for s in stmt.seq])
+    if isinstance(stmt, tirx.For):
+        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind,
+                        _strip_predicates(stmt.body, bounded), stmt.thread_binding,
+                        stmt.annotations)
+    if isinstance(stmt, tirx.IfThenElse):
+        return tirx.IfThenElse(stmt.condition, _strip_predicates(stmt.then_case, bounded),
+                               None if stmt.else_case is None else
+                               _strip_predicates(stmt.else_case, bounded))
+    if isinstance(stmt, SBlockRealize):
+        block = stmt.block
+        block = _rebuild_block(block, body=_strip_predicates(block.body, bounded),
+                               init=None if block.init is None else
+                               _strip_predicates(block.init, bounded))
+        predicate = stmt.predicate
+        if _identity(stmt) in bounded:
+            left = bounded[_identity(stmt)]
+            predicate = tirx.const(True, "bool")
+            for term in left:
+                predicate = term if _is_true(predicate) else tirx.And(predicate, term)
+        return SBlockRealize(stmt.iter_values, predicate, block)
+    return stmt
+
+
+def _rebuild_block(block, body, init=None):
+    return SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body,
+                  init if init is not None else block.init, block.alloc_buffers,
+                  block.match_buffers, block.annotations)
+
+
+def _conjuncts(expr) -> list:
+    if isinstance(expr, tirx.And):
+        return _conjuncts(expr.a) + _conjuncts(expr.b)
+    return [expr]
+
+
+def _as_negative(term):
+    """An expression ``d`` with ``term`` true iff ``d < 0``, or None."""
+    if isinstance(term, tirx.LT):
+        return term.a - term.b
+    if isinstance(term, tirx.LE):
+        return term.a - term.b - 1
+    if isinstance(term, tirx.GT):
+        return term.b - term.a
+    if isinstance(term, tirx.GE):
+        return term.b - term.a - 1
+    return None
+
+
+def _is_true(expr) -> bool:
+    return isinstance(expr, tirx.IntImm) and int(expr.value) == 1
 
 
 # ------------------------------------------------------------------------------------------

@@ -256,7 +256,7 @@ class ApplyDatabase:
             branch = None
             if not is_baseline(record):
                 branch = _bucket_branch(db, workload, target, base, record,
-                                        f"{name}[{bucket.label}]")
+                                        f"{name}[{bucket.label}]", dict(bucket.sizes))
                 if branch is not None:
                     tuned.append(bucket.label)
             if branch is None:
@@ -309,7 +309,7 @@ BUCKET_ALTERNATIVES = 8
 
 
 def _bucket_branch(db: Database, workload: tvm.IRModule, target, base: tvm.IRModule,
-                   best, label: str) -> tirx.PrimFunc | None:
+                   best, label: str, sizes: dict[str, int]) -> tirx.PrimFunc | None:
     """The bucket's fastest schedule that replays on the symbolic function ``base``; None
     (the untuned function serves the bucket) when none faster than the untuned one does.
 
@@ -329,7 +329,7 @@ def _bucket_branch(db: Database, workload: tvm.IRModule, target, base: tvm.IRMod
         if is_baseline(record):
             break  # the rest are slower than the untuned function
         try:
-            return dynamic.replay_symbolic(base, record.trace_json)
+            return dynamic.replay_symbolic(base, record.trace_json, sizes)
         except Exception as err:
             errors.append(str(err).strip().splitlines()[0] if str(err).strip() else
                           type(err).__name__)

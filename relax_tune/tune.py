@@ -297,7 +297,7 @@ def _symbolic_screen(task: Task, cands: list[Candidate]
     usable, unusable = [], []
     for cand in cands:
         try:
-            replay_symbolic(task.symbolic, cand.trace_json)
+            replay_symbolic(task.symbolic, cand.trace_json, task.shape, full_tiles=False)
             usable.append(cand)
         except Exception as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""

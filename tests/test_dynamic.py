@@ -283,7 +283,7 @@ def _symbolic_branches(space, base, func, bucket: int, seed: int, count: int) ->
     out, failed = [], 0
     for trace in _candidates(space, static, seed, 6 * count):
         try:
-            out.append(dynamic.replay_symbolic(base, trace))
+            out.append(dynamic.replay_symbolic(base, trace, {"n": bucket}))
         except Exception:
             failed += 1
         if len(out) == count:
@@ -318,6 +318,77 @@ def test_dispatch_matches_numpy_at_every_size(name, target):
             lib["main"](*args)
             np.testing.assert_allclose(args[-1].numpy(), ref(*ins), rtol=1e-4, atol=1e-4,
                                        err_msg=f"{name} at n={n}, candidates #{pick}")
+
+
+def _run_at(lib, func, ref, n: int, rng) -> None:
+    ins = [rng.uniform(-1, 1, _shape_at(p, n)).astype("float32") for p in func.params[:-1]]
+    args = [tvm.runtime.tensor(a) for a in ins]
+    args.append(tvm.runtime.empty(_shape_at(func.params[-1], n), "float32", tvm.cpu()))
+    lib["main"](*args)
+    np.testing.assert_allclose(args[-1].numpy(), ref(*ins), rtol=1e-4, atol=1e-4,
+                               err_msg=f"n={n}")
+
+
+def _predicated(stmt) -> int:
+    return len(dynamic._predicated_blocks(stmt, []))
+
+
+def test_full_tiles_run_without_predicates(target):
+    """A row tile of 8 on a symbolic matmul: each parallel iteration tests once whether
+    its tile is full and then runs blocks without predicates; the partial tile keeps them
+    (tested per row). Correct at 1, 7, 8, a prime, a multiple and between."""
+    tensors, ref = _zoo("matmul")
+    func = te.create_prim_func(tensors).with_attr("global_symbol", "main")
+    sch = tvm.s_tir.Schedule(func)
+    block = sch.get_sblock("T_matmul")
+    i, j, k = sch.get_loops(block)
+    io, ii = sch.split(i, [None, 8])
+    ko, ki = sch.split(k, [None, 16])
+    sch.reorder(io, j, ko, ii, ki)
+    sch.parallel(io)
+    sch.decompose_reduction(block, ko)
+    before = sch.mod["main"]
+    assert _predicated(before.body) == 2  # init and update, tile of 8 on n
+    after = dynamic.unswitch_partial_tiles(before)
+    guard = after.body.block.body.body  # the parallel loop's body
+    assert isinstance(guard, tirx.IfThenElse)
+    assert _predicated(guard.then_case) == 0 and _predicated(guard.else_case) == 2
+    # the partial tile tests each row once, outside the reduction's inner loop
+    assert "for k_1 in range(16)" in guard.else_case.script()
+    lib = tvm.compile(tvm.IRModule({"main": after}), target)
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 8, 37, 64, 100):
+        _run_at(lib, func, ref, n, rng)
+
+
+def test_symbolic_row_is_vectorised_in_tiles(target):
+    """A static trace that vectorises a whole softmax row of the bucket's length (64)
+    replays on the symbolic function as a split by 64 with the inner loop vectorised
+    (without the bucket's size: a plain loop), full chunks unswitched from the predicate;
+    correct below, at and above the bucket, at a prime."""
+    tensors, ref = _zoo("softmax_over_n")
+    func = te.create_prim_func(tensors)
+    base = normalize_mod(func)
+    static = normalize_mod(dynamic.specialize(func, {"n": 64}))
+    sch = tvm.s_tir.Schedule(static)
+    norm = sch.get_sblock("T_softmax_norm")
+    sch.vectorize(sch.get_loops(norm)[-1])
+    trace = trace_to_json(sch.trace)
+    plain = dynamic.replay_symbolic(base, trace)
+    tiled = dynamic.replay_symbolic(base, trace, {"n": 64})
+    assert "T.vectorized" not in plain.script()
+    assert "T.vectorized(T.int64(64))" in tiled.script()
+    guards = []
+    tvm_ffi.structural_walk(tiled.body, [(tirx.IfThenElse, guards.append)])
+    assert len(guards) == 1 and _predicated(guards[0].then_case) == 0  # per 64-chunk
+    lib = tvm.compile(tvm.IRModule({"main": tiled.with_attr("global_symbol", "main")}),
+                      target)
+    rng = np.random.default_rng(4)
+    for n in (1, 37, 64, 65, 200):
+        _run_at(lib, func, ref, n, rng)
+    assert dynamic.vector_tile(tirx.Var("n", "int64"), base["main"], {"n": 2}) is None
+    assert dynamic.vector_tile(base["main"].params[0].shape[1], base["main"],
+                               {"n": 300}) == 64
 
 
 def test_baseline_bucket_runs_the_untuned_body(target):
