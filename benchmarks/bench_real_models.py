@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -85,6 +86,7 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------------------- environment
 def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (platform.processor() where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as file:
             for line in file:
@@ -92,7 +94,7 @@ def cpu_model() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return "unknown"
+    return platform.processor() or "unknown"
 
 
 def set_torch_threads(torch, threads: int) -> None:
@@ -460,15 +462,15 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
                                 error=f"{type(err).__name__}: {err}"))
                 log(f"!!! {name}: MetaSchedule {budget} failed: {err}")
 
-    def relax_tune_compile(wd: str, budget: int, **kw):
-        return tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
-            "relax_tune", target=target, work_dir=wd, max_trials_global=budget,
-            params=params, cost_model=args.cost_model, **runner_option, **kw))
-
     runner_option = {}
     if args.cache_flush:
         from relax_tune.measure import LocalRunner
         runner_option = {"runner": LocalRunner(enable_cpu_cache_flush=True, repeat=5)}
+
+    def relax_tune_compile(wd: str, budget: int, **kw):
+        return tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+            "relax_tune", target=target, work_dir=wd, max_trials_global=budget,
+            params=params, cost_model=args.cost_model, **runner_option, **kw))
 
     cumulative = 0.0
     last_wd = None

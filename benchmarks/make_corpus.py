@@ -30,7 +30,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import re
 import sys
 import time
@@ -41,6 +40,7 @@ import tvm
 from tvm import te, topi
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_real_models import cpu_model  # noqa: E402
 from corpus import FORMAT_VERSION, read_records  # noqa: E402
 
 import relax_tune as rt  # noqa: E402
@@ -241,18 +241,6 @@ def target_tag(target: tvm.target.Target) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{target.kind.name}-{mcpu}-c{cores}")
 
 
-def host_name() -> str:
-    """lscpu's model name of this CPU (platform.processor() where it is not available)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def export_records(wl: Workload, mod: tvm.IRModule, target, work_dir: str, path: str,
                    random_trials: int, load: float | None = None) -> int:
     """Write every measured candidate of ``work_dir`` to ``path`` (JSON lines, replacing the
@@ -263,7 +251,7 @@ def export_records(wl: Workload, mod: tvm.IRModule, target, work_dir: str, path:
                      if is_baseline(r.trace_json) and r.is_valid), None)
     facts = target_facts(target)
     shash = str(rt.utils.structural_hash(mod))
-    host = host_name()
+    host = cpu_model()
     tmp = path + ".tmp"
     count = 0
     with open(tmp, "w", encoding="utf-8") as f:
