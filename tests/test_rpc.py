@@ -139,9 +139,9 @@ def test_tuning_completes_through_rpc(cluster, builder, target, tmp_path):
     assert cluster.free() == 2
 
 
-def _group_size(pgid: int) -> int:
-    """Processes in the process group ``pgid`` now (read from /proc)."""
-    count = 0
+def _group_members(pgid: int) -> set[int]:
+    """Pids of the processes in the process group ``pgid`` now (read from /proc)."""
+    members = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -150,24 +150,31 @@ def _group_size(pgid: int) -> int:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        count += int(fields[2]) == pgid
-    return count
+        if int(fields[2]) == pgid:
+            members.add(int(entry))
+    return members
 
 
-def _kill_when_busy(cluster: LocalRPCCluster, victim, sig: int, log: list) -> threading.Thread:
-    """Send ``sig`` to ``victim`` as soon as both servers are in a session and the victim's
-    session process is alive (TVM's server forks one per session): a server between two
-    sessions also counts as not free, and killing it there would lose no candidate."""
-    idle = _group_size(victim.pid)
+def _kill_when_busy(cluster: LocalRPCCluster, victim, sig: int, log: list,
+                    settle_sec: float = 0.2) -> threading.Thread:
+    """Send ``sig`` to ``victim`` once both servers are in a session and the victim's session
+    process (TVM's server forks one per session) has lived ``settle_sec``: a server between
+    two sessions also counts as not free, and a session process lingers a moment after its
+    result is sent; killing it at either point would lose no candidate."""
+    idle = _group_members(victim.pid)
 
     def watch() -> None:
         deadline = time.monotonic() + 60
+        seen: dict[int, float] = {}
         while time.monotonic() < deadline:
-            if cluster.free() == 0 and _group_size(victim.pid) > idle:
+            now = time.monotonic()
+            children = _group_members(victim.pid) - idle
+            seen = {pid: seen.get(pid, now) for pid in children}
+            if cluster.free() == 0 and any(now - t0 >= settle_sec for t0 in seen.values()):
                 LocalRPCCluster.kill(victim, sig)
-                log.append(time.monotonic())
+                log.append(now)
                 return
-            time.sleep(0.05)
+            time.sleep(0.02)
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread
@@ -177,14 +184,16 @@ def _kill_when_busy(cluster: LocalRPCCluster, victim, sig: int, log: list) -> th
 def test_server_lost_mid_batch(builder, target, fault):
     """One of two servers is SIGKILLed (or SIGSTOPped: hangs) while both are measuring: its
     candidate is retried on the other one, and every candidate gets a result."""
-    mod = matmul_mod(192)  # untuned: ~1 s per candidate, so the kill lands mid-session
+    # untuned, 60 calls a candidate: 0.7 s (Zen 4) and more per session, so a kill 0.2 s into
+    # a session lands before its result is sent
+    mod = matmul_mod(256)
     info = utils.args_info(mod)
     arts = [b.artifact_path for b in builder.build(mod, target, [None] * 6)]
     with LocalRPCCluster(n_servers=2, key=f"rt-{fault}") as c:
         victim, survivor = c.servers[0], c.server_ports[1]
         sig = signal.SIGKILL if fault == "killed" else signal.SIGSTOP
         # a short session limit bounds the wait on the hung server
-        with RPCRunner(c.tracker, c.key, number=10, repeat=3, session_timeout_sec=6,
+        with RPCRunner(c.tracker, c.key, number=20, repeat=3, session_timeout_sec=6,
                        request_timeout_sec=6) as runner:
             killed: list = []
             watcher = _kill_when_busy(c, victim, sig, killed)
