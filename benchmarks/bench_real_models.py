@@ -419,7 +419,8 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     start = time.perf_counter()
     loaded = from_torch(model, name, inputs)  # the loader users get (relax_tune.load_model)
     mod, params = loaded.mod, loaded.params
-    tasks = rt.extract_tasks(loaded.lowered(target), target)  # the pipeline's tasks
+    tasks = rt.extract_tasks(loaded.lowered(target, winograd=args.winograd),
+                             target)  # the pipeline's tasks
     n_tasks = len(tasks)
     info = (f"{name} ({desc}): {len(params)} weight tensors, "
             f"{sum(a.size for a in params.values()) / 1e6:.2f} M parameters, "
@@ -470,13 +471,14 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     def relax_tune_compile(wd: str, budget: int, **kw):
         return tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
             "relax_tune", target=target, work_dir=wd, max_trials_global=budget,
-            params=params, cost_model=args.cost_model, **runner_option, **kw))
+            params=params, cost_model=args.cost_model, winograd=args.winograd,
+            **runner_option, **kw))
 
     cumulative = 0.0
     last_wd = None
     for budget in budgets:
         tag = ("" if args.cost_model == "xgb" else f"-{args.cost_model}") \
-            + ("-flush" if args.cache_flush else "")
+            + ("-flush" if args.cache_flush else "") + ("" if args.winograd else "-direct")
         wd = os.path.join(root, f"{name}-rt{tag}-{budget}" if args.fresh else f"{name}-rt{tag}")
         log(f"{name}: relax_tune, {budget} trials"
             + ("" if args.fresh else f" (resuming {wd})"))
@@ -496,7 +498,7 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
             log(f"!!! {name}: relax_tune {budget} failed: {err}")
 
     if args.max_time:
-        wd = os.path.join(root, f"{name}-rt-time")
+        wd = os.path.join(root, f"{name}-rt-time" + ("" if args.winograd else "-direct"))
         log(f"{name}: relax_tune, max_time {args.max_time:.0f} s")
         start = time.perf_counter()
         try:
@@ -657,6 +659,9 @@ def main() -> int:
                         help="relax_tune measures every candidate with cold caches for all "
                              "but its first argument (LocalRunner(enable_cpu_cache_flush=True)"
                              "): weights come from memory, as inside the whole model")
+    parser.add_argument("--no-winograd", dest="winograd", action="store_false",
+                        help="relax_tune without Winograd 3x3 convolutions (the pipeline's "
+                             "winograd=False)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if args.trials_per_task is None:

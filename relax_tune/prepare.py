@@ -20,6 +20,7 @@ from tvm import relax
 
 from .fast_math import FastMath
 from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul
+from .winograd import WinogradConvolutions
 from .utils import RelaxTuneError, parse_target
 
 
@@ -69,14 +70,17 @@ def backend_pipeline(target: tvm.target.Target):
     raise RelaxTuneError(f"the relax_tune pipeline supports llvm and cuda targets, not {kind!r}")
 
 
-def graph_passes(target: tvm.target.Target | None = None) -> list[tvm.transform.Pass]:
+def graph_passes(target: tvm.target.Target | None = None,
+                 winograd: bool = True) -> list[tvm.transform.Pass]:
     """Graph-level work done before any kernel exists, as ONNX Runtime does before its
     kernels run: batch norms after convolutions are folded into the convolutions' weights
     and bias (with bound weights the scale and shift are constants, folded at compile time),
     the remaining batch norms and layer norms are decomposed into arithmetic that fuses into
     neighbouring kernels, patch convolutions (stride = kernel, a ViT's patch embedding)
     become matmuls, convolutions take the channels-last layout on CPU targets
-    (``graph.ChannelsLastConvolutions``), and constants are folded."""
+    (``graph.ChannelsLastConvolutions``), large 3x3 stride-1 convolutions are computed by
+    Winograd's algorithm on CPU targets unless ``winograd`` is False
+    (``winograd.WinogradConvolutions``), and constants are folded."""
     cpu = target is not None and target.kind.name == "llvm"
     return [
         relax.transform.FoldConstant(),  # bias reshapes of bound weights become constants
@@ -86,11 +90,13 @@ def graph_passes(target: tvm.target.Target | None = None) -> list[tvm.transform.
         PatchConvToMatmul(),
         *([ChannelsLastConvolutions()] if cpu else []),
         relax.transform.FoldConstant(),
+        *([WinogradConvolutions(), relax.transform.FoldConstant()] if cpu and winograd else []),
     ]
 
 
 def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = False,
-                    cpu_weight_prepack: bool = False) -> list[tvm.transform.Pass]:
+                    cpu_weight_prepack: bool = False,
+                    winograd: bool = True) -> list[tvm.transform.Pass]:
     """The passes the "relax_tune" pipeline runs before tuning (graph passes, legalize,
     fuse, FuseTIR, and on CPU targets vectorisable exp/erf/tanh/sigmoid: ``FastMath``).
 
@@ -98,9 +104,10 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
     pipeline gets ``params``) has exactly the tasks the pipeline tunes and applies, so tuning
     it separately (``relax-tune tune``) fills the database the pipeline then uses.
     ``lift_transform_params`` moves weight-only work into ``<func>_transform_params``;
-    ``cpu_weight_prepack`` marks the weights layout-free (see ``relax_tune_pipeline``)."""
+    ``cpu_weight_prepack`` marks the weights layout-free (see ``relax_tune_pipeline``);
+    ``winograd`` see ``graph_passes``."""
     return [
-        *graph_passes(target),
+        *graph_passes(target, winograd),
         *([relax.transform.LiftTransformParams()] if lift_transform_params else []),
         *backend_pipeline(target).library_dispatch_passes(target),
         relax.transform.LegalizeOps(),
@@ -108,6 +115,10 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
+        # reshapes of contiguous tensors become views here, as the backend makes them later:
+        # as kernels they would be tasks that never run
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.DeadCodeElimination(),
         *([FastMath()] if target.kind.name == "llvm" else []),
         *([relax.transform.AttachAttrLayoutFreeBuffers()] if cpu_weight_prepack else []),
     ]
@@ -129,7 +140,8 @@ def default_prepack(target: tvm.target.Target, params: dict | None,
 
 def lower_for_tuning(mod: tvm.IRModule, target: Any = None, params: dict | None = None,
                      lift_transform_params: bool = False,
-                     cpu_weight_prepack: bool | None = None) -> tvm.IRModule:
+                     cpu_weight_prepack: bool | None = None,
+                     winograd: bool = True) -> tvm.IRModule:
     """``mod`` as exported, with ``params`` bound, through ``lowering_passes``: the module
     whose tasks the "relax_tune" pipeline tunes and later looks up in the database
     (``cpu_weight_prepack`` None: ``default_prepack``)."""
@@ -144,4 +156,4 @@ def lower_for_tuning(mod: tvm.IRModule, target: Any = None, params: dict | None 
                              "'num_input' attribute (export_tvm sets it); add "
                              "func.with_attr('num_input', n) for n runtime inputs")
     with target:
-        return tvm.transform.Sequential(lowering_passes(target, lift, prepack))(mod)
+        return tvm.transform.Sequential(lowering_passes(target, lift, prepack, winograd))(mod)

@@ -360,7 +360,7 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
                         max_trials_global: int = 64, max_trials_per_task: int | None = None,
                         op_names: Sequence[str] | None = None, params: dict | None = None,
                         lift_transform_params: bool = False,
-                        cpu_weight_prepack: bool | None = None,
+                        cpu_weight_prepack: bool | None = None, winograd: bool = True,
                         config: TuneConfig | None = None, **options) -> tvm.transform.Pass:
     """The "relax_tune" pipeline: prepare the weights, lower, tune, apply the database,
     finish the build pipeline. Use it as the ``relax_pipeline`` of ``tvm.compile``::
@@ -424,7 +424,7 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
         # Lifting before tuning makes the tasks those of the bound model (weight-only work
         # is out of the kernels); with prepacking a second lift after the split adds the
         # packing to the same <func>_transform_params.
-        mod = lower_for_tuning(mod, tgt, params, lift_transform_params, prepack)
+        mod = lower_for_tuning(mod, tgt, params, lift_transform_params, prepack, winograd)
         with tgt:
             if max_trials_global > 0:
                 tuner(_without_transform_params(mod))

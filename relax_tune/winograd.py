@@ -1,0 +1,152 @@
+"""Winograd F(m x m, 3 x 3) for channels-last 3x3 stride-1 convolutions with bound weights.
+
+A 3x3 convolution computes each output tile of m x m pixels from an (m+2) x (m+2) input
+tile. Winograd's minimal filtering does it with (m+2)^2 multiplications per channel pair
+instead of 9 m^2 (F(4x4, 3x3): 36 against 144, a 4x cut of the GEMM's work):
+
+    Y = A^T [ (G g G^T) * (B^T d B) ] A     (per input tile d, filter g; * elementwise)
+
+Here every step is a Relax operation the tuner already schedules well, so nothing needs a
+hand-written kernel:
+
+- ``U = G g G^T`` of every filter is computed once, here, from the bound weight:
+  a constant of shape ((m+2)^2, C, K);
+- the input tiles are gathered (``take`` with constant indices on the padded input):
+  ((m+2)^2, P * C) for P tiles;
+- ``V = B^T d B`` is one matmul with the constant Kronecker product of B^T with itself;
+- the tile products summed over input channels are one batched matmul,
+  ((m+2)^2, P, C) x ((m+2)^2, C, K);
+- ``A^T M A`` is one matmul with the Kronecker product of A^T with itself, and the tiles
+  are put back into NHWC by a transpose and reshape, which fuse with the bias and
+  activation that follow.
+
+It acts on ``conv2d`` in NHWC / OHWI (``ChannelsLastConvolutions`` puts them there), 3x3,
+stride 1, dilation 1, groups 1, padding 1 (so output size = input size), float32, with a
+bound weight, and only where the output is at least ``min_size`` pixels on each side: on a
+small feature map the transformed weights ((m+2)^2 / 9 = 4x the original for m = 4) are read
+for few tiles, and the layer is bound by memory, not arithmetic.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
+
+from .graph import _constant, _rewrite_functions
+
+logger = logging.getLogger("relax_tune.winograd")
+
+TILE = 4
+"""Output tile size m of F(m x m, 3 x 3)."""
+
+MIN_SIZE = 14
+"""Smallest output side (pixels) converted."""
+
+
+def transform_matrices(m: int = TILE, r: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(A, B, G)`` of F(m, r) in float64 (Cook-Toom, the interpolation points TVM uses):
+    ``A`` is (m+r-1, m), ``B`` (m+r-1, m+r-1), ``G`` (m+r-1, r)."""
+    from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
+
+    alpha = m + r - 1
+    a, b, g = _cook_toom_convolution(_interpolation_points(alpha), m, r)
+    return (np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64),
+            np.asarray(g, dtype=np.float64))
+
+
+def transformed_weight(w_ohwi: np.ndarray, m: int = TILE) -> np.ndarray:
+    """``G g G^T`` of each filter of an OHWI 3x3 weight, as ((m+2)^2, C, K)."""
+    _, _, g = transform_matrices(m)
+    alpha = m + 2
+    u = np.einsum("ax,kxyc,by->abck", g, w_ohwi.astype(np.float64), g)
+    return np.ascontiguousarray(u.reshape(alpha * alpha, *u.shape[2:]).astype(w_ohwi.dtype))
+
+
+def _tile_indices(n: int, h: int, w: int, m: int) -> tuple[np.ndarray, int, int]:
+    """Row indices into the padded input flattened to (n * hp * wp, C), ordered
+    ((r1, r2), (n, tile_h, tile_w)), and the tile grid (th, tw)."""
+    alpha = m + 2
+    th, tw = math.ceil(h / m), math.ceil(w / m)
+    hp, wp = th * m + 2, tw * m + 2
+    r1, r2, b, ti, tj = np.meshgrid(np.arange(alpha), np.arange(alpha), np.arange(n),
+                                    np.arange(th), np.arange(tw), indexing="ij")
+    rows = (b * hp + ti * m + r1) * wp + tj * m + r2
+    return rows.reshape(-1).astype(np.int32), th, tw
+
+
+def _eligible(call: relax.Call, w: np.ndarray | None, min_size: int) -> bool:
+    attrs = call.attrs
+    shape = getattr(call.args[0].ty, "shape", None)
+    if w is None or shape is None or w.ndim != 4 or w.dtype != np.float32:
+        return False
+    try:
+        _, h, wd, c = (int(d) for d in shape)
+    except (TypeError, ValueError):
+        return False  # symbolic sizes
+    return (str(attrs.data_layout) == "NHWC" and str(attrs.kernel_layout) == "OHWI"
+            and str(attrs.out_layout) == "NHWC" and int(attrs.groups) == 1
+            and w.shape[1:] == (3, 3, c) and [int(v) for v in attrs.strides] == [1, 1]
+            and [int(v) for v in attrs.dilation] == [1, 1]
+            and [int(v) for v in attrs.padding] == [1, 1, 1, 1]
+            and str(attrs.out_dtype) in ("", "None", "void", "float32") and min(h, wd) >= min_size)
+
+
+def winograd_conv2d(x: relax.Expr, w_ohwi: np.ndarray, m: int = TILE) -> relax.Expr:
+    """Relax expression of ``conv2d(x, w, padding 1)`` (NHWC / OHWI, 3x3, stride 1) by
+    Winograd F(m x m, 3 x 3); ``x`` must have a static shape."""
+    n, h, wd, c = (int(d) for d in x.ty.shape)
+    k = w_ohwi.shape[0]
+    alpha = m + 2
+    a_mat, b_mat, _ = transform_matrices(m)
+    rows, th, tw = _tile_indices(n, h, wd, m)
+    p = n * th * tw
+    hp, wp = th * m + 2, tw * m + 2
+    f32 = "float32"
+    padded = relax.op.nn.pad(x, [0, 0, 1, hp - h - 1, 1, wp - wd - 1, 0, 0])
+    tiles = relax.op.take(relax.op.reshape(padded, [n * hp * wp, c]), relax.const(rows),
+                          axis=0)  # (alpha^2 * P, C)
+    v = relax.op.matmul(relax.const(np.kron(b_mat.T, b_mat.T).astype(f32)),
+                        relax.op.reshape(tiles, [alpha * alpha, p * c]))
+    prod = relax.op.matmul(relax.op.reshape(v, [alpha * alpha, p, c]),
+                           relax.const(transformed_weight(w_ohwi, m)))  # (alpha^2, P, K)
+    y = relax.op.matmul(relax.const(np.kron(a_mat.T, a_mat.T).astype(f32)),
+                        relax.op.reshape(prod, [alpha * alpha, p * k]))  # (m^2, P * K)
+    y = relax.op.permute_dims(relax.op.reshape(y, [m, m, n, th, tw, k]), [2, 3, 0, 4, 1, 5])
+    y = relax.op.reshape(y, [n, th * m, tw * m, k])
+    if th * m != h or tw * m != wd:
+        y = relax.op.strided_slice(y, axes=[1, 2], begin=[0, 0], end=[h, wd])
+    return y
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_tune.WinogradConvolutions")
+class WinogradConvolutions:
+    """Rewrite eligible 3x3 stride-1 convolutions (see the module docstring) into Winograd
+    F(m x m, 3 x 3) made of a gather, three matmuls and a transpose; others are left."""
+
+    def __init__(self, tile: int = TILE, min_size: int | None = None):
+        self.tile = tile
+        self.min_size = MIN_SIZE if min_size is None else min_size
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """``mod`` with its eligible convolutions computed by Winograd's algorithm."""
+        x, w = wildcard(), wildcard()
+        pattern = is_op("relax.nn.conv2d")(x, w)
+        converted = []
+
+        def rewrite(matched: relax.Expr, matches: dict) -> relax.Expr:
+            weight = _constant(matches[w])
+            if not _eligible(matched, weight, self.min_size):
+                return matched
+            converted.append(tuple(int(d) for d in matched.ty.shape))
+            return winograd_conv2d(matches[x], weight, self.tile)
+
+        out = _rewrite_functions(mod, pattern, rewrite)
+        if converted:
+            logger.info("%d 3x3 convolutions computed by Winograd F(%d, 3): output shapes %s",
+                        len(converted), self.tile, sorted(set(converted)))
+        return out
