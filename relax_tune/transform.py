@@ -401,6 +401,12 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
     (``relax_tune.space.layout_rewrite``); kernels are measured on packed weights, the
     packing itself runs once, at compile time (``params``) or in ``<func>_transform_params``.
 
+    ``winograd`` (llvm targets): 3x3 stride-1 convolutions on feature maps of at least
+    ``winograd.MIN_SIZE`` pixels a side, with bound weights, are computed by Winograd
+    F(4x4, 3x3) (``relax_tune.winograd``): a gather, two transform matmuls and a batched GEMM
+    with 4x fewer multiplications than the convolution. ``False`` keeps the convolutions;
+    the tasks differ, so a work_dir tuned one way does not serve the other.
+
     GPU targets (``cuda``): functions without a tuning record get ``tvm.s_tir.dlight``'s
     default schedules (Matmul, GEMV, Reduction, GeneralReduction, Fallback), so the compiled
     model always runs. With ``max_trials_global=0`` the pipeline only applies the records

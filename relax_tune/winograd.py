@@ -22,9 +22,16 @@ hand-written kernel:
 
 It acts on ``conv2d`` in NHWC / OHWI (``ChannelsLastConvolutions`` puts them there), 3x3,
 stride 1, dilation 1, groups 1, padding 1 (so output size = input size), float32, with a
-bound weight, and only where the output is at least ``min_size`` pixels on each side: on a
-small feature map the transformed weights ((m+2)^2 / 9 = 4x the original for m = 4) are read
-for few tiles, and the layer is bound by memory, not arithmetic.
+bound weight, and only where the output is at least ``MIN_SIZE`` pixels on each side (on a
+small feature map the transformed weights, (m+2)^2 / 9 = 4x the original for m = 4, are
+read for few tiles, and the layer is bound by memory, not arithmetic) and both channel
+counts are at least ``MIN_CHANNELS``.
+
+Measured layer by layer (conv3x3 + bias + ReLU, 48 trials per task, AMD EPYC Zen 4, 2
+threads), Winograd over the direct convolution: 56x56x64 1.28x, 28x28x128 2.01x,
+14x14x256 1.92x, 7x7x512 1.13x (warm weights; inside a model the 7x7 layers' 4x larger
+transformed weights come from memory). ResNet-18 went from 0.90-0.97x ONNX Runtime to
+1.21x at 32 trials per task.
 """
 
 from __future__ import annotations
@@ -46,6 +53,10 @@ TILE = 4
 
 MIN_SIZE = 14
 """Smallest output side (pixels) converted."""
+
+MIN_CHANNELS = 32
+"""Fewest input and output channels converted: the transforms cost about 36 / K (input)
+and 16 / C (output) of the batched GEMM's multiplications."""
 
 
 def transform_matrices(m: int = TILE, r: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -79,7 +90,8 @@ def _tile_indices(n: int, h: int, w: int, m: int) -> tuple[np.ndarray, int, int]
     return rows.reshape(-1).astype(np.int32), th, tw
 
 
-def _eligible(call: relax.Call, w: np.ndarray | None, min_size: int) -> bool:
+def _eligible(call: relax.Call, w: np.ndarray | None, min_size: int,
+              min_channels: int) -> bool:
     attrs = call.attrs
     shape = getattr(call.args[0].ty, "shape", None)
     if w is None or shape is None or w.ndim != 4 or w.dtype != np.float32:
@@ -93,7 +105,8 @@ def _eligible(call: relax.Call, w: np.ndarray | None, min_size: int) -> bool:
             and w.shape[1:] == (3, 3, c) and [int(v) for v in attrs.strides] == [1, 1]
             and [int(v) for v in attrs.dilation] == [1, 1]
             and [int(v) for v in attrs.padding] == [1, 1, 1, 1]
-            and str(attrs.out_dtype) in ("", "None", "void", "float32") and min(h, wd) >= min_size)
+            and str(attrs.out_dtype) in ("", "None", "void", "float32") and min(h, wd) >= min_size
+            and min(c, w.shape[0]) >= min_channels)
 
 
 def winograd_conv2d(x: relax.Expr, w_ohwi: np.ndarray, m: int = TILE) -> relax.Expr:
@@ -108,8 +121,9 @@ def winograd_conv2d(x: relax.Expr, w_ohwi: np.ndarray, m: int = TILE) -> relax.E
     hp, wp = th * m + 2, tw * m + 2
     f32 = "float32"
     padded = relax.op.nn.pad(x, [0, 0, 1, hp - h - 1, 1, wp - wd - 1, 0, 0])
+    # "clip": the indices are in bounds; TVM's "fast" mode would log a warning per kernel
     tiles = relax.op.take(relax.op.reshape(padded, [n * hp * wp, c]), relax.const(rows),
-                          axis=0)  # (alpha^2 * P, C)
+                          axis=0, mode="clip")  # (alpha^2 * P, C)
     v = relax.op.matmul(relax.const(np.kron(b_mat.T, b_mat.T).astype(f32)),
                         relax.op.reshape(tiles, [alpha * alpha, p * c]))
     prod = relax.op.matmul(relax.op.reshape(v, [alpha * alpha, p, c]),
@@ -128,9 +142,11 @@ class WinogradConvolutions:
     """Rewrite eligible 3x3 stride-1 convolutions (see the module docstring) into Winograd
     F(m x m, 3 x 3) made of a gather, three matmuls and a transpose; others are left."""
 
-    def __init__(self, tile: int = TILE, min_size: int | None = None):
+    def __init__(self, tile: int = TILE, min_size: int | None = None,
+                 min_channels: int | None = None):
         self.tile = tile
         self.min_size = MIN_SIZE if min_size is None else min_size
+        self.min_channels = MIN_CHANNELS if min_channels is None else min_channels
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """``mod`` with its eligible convolutions computed by Winograd's algorithm."""
@@ -140,7 +156,7 @@ class WinogradConvolutions:
 
         def rewrite(matched: relax.Expr, matches: dict) -> relax.Expr:
             weight = _constant(matches[w])
-            if not _eligible(matched, weight, self.min_size):
+            if not _eligible(matched, weight, self.min_size, self.min_channels):
                 return matched
             converted.append(tuple(int(d) for d in matched.ty.shape))
             return winograd_conv2d(matches[x], weight, self.tile)
