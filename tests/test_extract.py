@@ -107,3 +107,23 @@ def test_extract_tasks_pass_leaves_module_unchanged(demo, target):
         out = tvm.ir.transform.Sequential([pass_])(lowered)
     tvm.ir.assert_structural_equal(out, lowered)
     assert sorted(t.task_name for t in pass_.tasks) == ["transpose", "transpose1"]
+
+
+def test_reshapes_of_contiguous_tensors_are_views_not_tasks(target):
+    """The backend turns such reshapes into views (no kernel runs); the pipeline's lowering
+    does it before extraction, so no trial goes to them."""
+    from tvm.relax.frontend import nn
+
+    class MatmulReshape(nn.Module):
+        def forward(self, x, w):
+            return nn.op.softmax(nn.op.reshape(nn.op.matmul(x, w), [2, 4, 16]), axis=-1)
+
+    spec = {"forward": {"x": nn.spec.Tensor((8, 16), "float32"),
+                        "w": nn.spec.Tensor((16, 16), "float32")}}
+    mod, _ = MatmulReshape().export_tvm(spec)
+    with target:
+        legalized = relax.transform.LegalizeOps()(mod)
+    assert any("reshape" in gv.name_hint for gv in legalized.get_global_vars())
+    names = [t.task_name for t in rt.extract_tasks(rt.transform.lower_for_tuning(mod, target),
+                                                   target)]
+    assert names and not any("reshape" in n for n in names), names
