@@ -474,11 +474,12 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
             params=params, cost_model=args.cost_model, winograd=args.winograd,
             **runner_option, **kw))
 
+    direct = "" if args.winograd else "-direct"  # work_dir suffix: other tasks
     cumulative = 0.0
     last_wd = None
     for budget in budgets:
         tag = ("" if args.cost_model == "xgb" else f"-{args.cost_model}") \
-            + ("-flush" if args.cache_flush else "") + ("" if args.winograd else "-direct")
+            + ("-flush" if args.cache_flush else "") + direct
         wd = os.path.join(root, f"{name}-rt{tag}-{budget}" if args.fresh else f"{name}-rt{tag}")
         log(f"{name}: relax_tune, {budget} trials"
             + ("" if args.fresh else f" (resuming {wd})"))
@@ -498,7 +499,7 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
             log(f"!!! {name}: relax_tune {budget} failed: {err}")
 
     if args.max_time:
-        wd = os.path.join(root, f"{name}-rt-time" + ("" if args.winograd else "-direct"))
+        wd = os.path.join(root, f"{name}-rt-time{direct}")
         log(f"{name}: relax_tune, max_time {args.max_time:.0f} s")
         start = time.perf_counter()
         try:
