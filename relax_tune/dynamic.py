@@ -386,8 +386,9 @@ def _finish(func: tirx.PrimFunc) -> tirx.PrimFunc:
 # ------------------------------------------------------------------------------------------
 # Full tiles without predicates
 
-UNSWITCH_DEPTH = 2
-"""Full-tile tests nested in one loop nest at most (each doubles the code below it)."""
+UNSWITCH_DEPTH = 4
+"""Full-tile tests nested in one loop nest at most (each adds a copy of the code below it
+without the predicates it covers)."""
 
 
 def unswitch_partial_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -438,7 +439,7 @@ def _unswitch_stmt(stmt, defined: set, depth: int, analyzer, tested: tuple = ()
     if not isinstance(stmt, tirx.For) or stmt.kind == tirx.ForKind.VECTORIZED:
         return stmt
     inner_defined = defined | {_identity(stmt.loop_var)}
-    terms, bounded = _full_tile_guard(stmt.body, inner_defined, analyzer, tested)
+    terms, bounded, empty = _full_tile_guard(stmt.body, inner_defined, analyzer, tested)
     if not terms:
         body = _unswitch_stmt(stmt.body, inner_defined, depth, analyzer, tested)
     else:
@@ -446,6 +447,8 @@ def _unswitch_stmt(stmt, defined: set, depth: int, analyzer, tested: tuple = ()
         fast = _unswitch_stmt(_strip_predicates(stmt.body, bounded), inner_defined,
                               depth - 1, analyzer, tested)
         slow = _unswitch_stmt(stmt.body, inner_defined, depth - 1, analyzer, tested)
+        if empty is not None:  # a tile wholly past n (the rest of a partial one) does nothing
+            slow = tirx.IfThenElse(tirx.Not(empty), slow, None)
         guard = terms[0]
         for term in terms[1:]:
             guard = tirx.And(guard, term)
@@ -457,31 +460,39 @@ def _unswitch_stmt(stmt, defined: set, depth: int, analyzer, tested: tuple = ()
 
 
 def _full_tile_guard(body, defined: set, analyzer, tested: tuple = ()):
-    """``(tests, {block realize: predicate terms left})``: the tests that, all true, make
-    the predicate terms of the blocks in ``body`` they cover hold at every iteration of
-    the loops inside ``body``; ``([], {})`` when they cover none. A test among ``tested``
-    (made around ``body`` already) covers nothing here.
+    """``(tests, {block realize: predicate terms left}, empty)``: the tests that, all true,
+    make the predicate terms of the blocks in ``body`` they cover hold at every iteration of
+    the loops inside ``body``; ``([], {}, None)`` when they cover none. A test among
+    ``tested`` (made around ``body`` already) covers nothing here. ``empty``: a condition
+    under which no block in ``body`` runs at all (one covered term false at every inner
+    iteration of every block: the chunks of a partial tile wholly past ``n``), or None.
 
     A term is covered when its upper bound over the loops inside is expressible in the
     variables defined outside, and it varies only with inner loops of constant extent: a
     term over a loop of symbolic extent (a chunk index up to ``ceil(n / 16)``) holds for
     all chunks only when the tile divides ``n``, so it is left to that loop's own body."""
     terms, bounded = [], {}
+    # per block, the conditions under which it never runs; ``body`` is empty under one they
+    # all share (a block without a predicate always runs: then nothing is shared)
+    never: list[list] | None = [] if _all_blocks_predicated(body) else None
     for realize, loops in _predicated_blocks(body, []):
         dom = {loop.loop_var: tvm.sym.IntervalSet(loop.min, loop.min + loop.extent - 1)
                for loop in loops}
         symbolic_loops = {_identity(loop.loop_var) for loop in loops
                           if not isinstance(loop.extent, tirx.IntImm)}
-        left = []
+        left, dead = [], []
         all_terms = _conjuncts(realize.predicate)
         for term in all_terms:
             diff = _as_negative(term)  # term holds iff diff < 0
             bound = None
             if diff is not None and not any(_identity(v) in symbolic_loops
                                             for v in _vars_in(diff)):
-                bound = analyzer.int_set(diff, dom).max_value
+                span = analyzer.int_set(diff, dom)
+                bound, low = span.max_value, span.min_value
                 if not all(_identity(v) in defined for v in _vars_in(bound)):
                     bound = None  # infinite, or depends on the loops inside
+                elif all(_identity(v) in defined for v in _vars_in(low)):
+                    dead.append(analyzer.simplify(low >= tirx.IntImm(str(low.ty), 0)))
             if bound is None:
                 left.append(term)
                 continue
@@ -493,7 +504,20 @@ def _full_tile_guard(body, defined: set, analyzer, tested: tuple = ()):
                 terms.append(test)
         if len(left) < len(all_terms):
             bounded[_identity(realize)] = left
-    return terms, (bounded if terms else {})
+        if never is not None:
+            never.append(dead)
+    if not terms:
+        return [], {}, None
+    shared = [c for c in never[0] if all(any(tvm_ffi.structural_equal(c, d) for d in other)
+                                          for other in never[1:])] if never else []
+    return terms, bounded, (shared[0] if shared else None)
+
+
+def _all_blocks_predicated(stmt) -> bool:
+    """Whether every block under ``stmt`` (but the root) has a predicate."""
+    realizes: list = []
+    tvm_ffi.structural_walk(stmt, [(SBlockRealize, realizes.append)])
+    return bool(realizes) and all(not _is_true(r.predicate) for r in realizes)
 
 
 def _predicated_blocks(stmt, loops: list) -> list:

@@ -361,6 +361,36 @@ def test_full_tiles_run_without_predicates(target):
         _run_at(lib, func, ref, n, rng)
 
 
+def test_partial_tile_runs_full_chunks_vectorised_and_skips_chunks_past_n(target):
+    """q k^T at a size between buckets: a tile of 64 columns of n in chunks of 16 lanes.
+    The partial tile tests each chunk: full chunks run vectorised without predicates, the
+    one that straddles n runs predicated, chunks wholly past n are skipped (they cost as
+    much as full ones before: bucket 256's tiles made the Llama block's q k^T 4x slower at
+    n=300). Correct at sizes that end inside, at and past a chunk."""
+    tensors, ref = _zoo("attention_scores")
+    func = te.create_prim_func(tensors).with_attr("global_symbol", "main")
+    sch = tvm.s_tir.Schedule(func)
+    block = sch.get_sblock("T_batch_matmul_NT")
+    b, i, j, k = sch.get_loops(block)
+    j0, j1, j2 = sch.split(j, [None, 4, 16])
+    sch.reorder(b, i, j0, k, j1, j2)
+    sch.vectorize(j2)
+    sch.decompose_reduction(block, k)
+    after = dynamic.unswitch_partial_tiles(sch.mod["main"])
+    guards = []
+    tvm_ffi.structural_walk(after.body, [(tirx.IfThenElse, guards.append)])
+    skips = [g for g in guards if g.else_case is None and isinstance(g.condition, tirx.Not)]
+    full = [g for g in guards if g.else_case is not None]
+    assert skips and all(_predicated(g.then_case) for g in skips)
+    # one per 64-tile (init and update share its loop), then one per 16-chunk inside the
+    # partial tile in each of the two nests
+    assert len(full) == 3 and all(_predicated(g.then_case) == 0 for g in full)
+    lib = tvm.compile(tvm.IRModule({"main": after}), target)
+    rng = np.random.default_rng(5)
+    for n in (1, 15, 16, 20, 64, 100):
+        _run_at(lib, func, ref, n, rng)
+
+
 def test_symbolic_row_is_vectorised_in_tiles(target):
     """A static trace that vectorises a whole softmax row of the bucket's length (64)
     replays on the symbolic function as a split by 64 with the inner loop vectorised
@@ -380,7 +410,8 @@ def test_symbolic_row_is_vectorised_in_tiles(target):
     assert "T.vectorized(T.int64(64))" in tiled.script()
     guards = []
     tvm_ffi.structural_walk(tiled.body, [(tirx.IfThenElse, guards.append)])
-    assert len(guards) == 1 and _predicated(guards[0].then_case) == 0  # per 64-chunk
+    full = [g for g in guards if g.else_case is not None]  # (the rest: chunks past n)
+    assert len(full) == 1 and _predicated(full[0].then_case) == 0  # per 64-chunk
     lib = tvm.compile(tvm.IRModule({"main": tiled.with_attr("global_symbol", "main")}),
                       target)
     rng = np.random.default_rng(4)
