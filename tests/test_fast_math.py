@@ -129,3 +129,25 @@ def test_fast_math_survives_inlining_into_a_dynamic_dispatch(tmp_path):
         main(tvm.runtime.tensor(x), *outs)
         np.testing.assert_allclose(outs[0].numpy(), np.exp(x) + 1, rtol=2e-6)
         np.testing.assert_allclose(outs[1].numpy(), np.exp(x) * 2, rtol=2e-6)
+
+
+def test_host_target_lets_llvm_vectorise_reductions():
+    """``host_target()`` carries the reassociation flags, so LLVM vectorises a row sum the
+    schedule left scalar (a vector ``fadd`` reduction in the IR); ``reassociate=False``
+    keeps strict order (scalar). Both give the sum to float32 rounding."""
+    n = 1000
+    a = te.placeholder((8, n), name="A")
+    k = te.reduce_axis((0, n), name="k")
+    b = te.compute((8,), lambda i: te.sum(a[i, k], axis=k), name="B")
+    func = te.create_prim_func([a, b]).with_attr("global_symbol", "main")
+    x = np.random.default_rng(0).uniform(-1, 1, (8, n)).astype("float32")
+    for reassociate in (True, False):
+        target = rt.host_target(reassociate=reassociate)
+        assert all(bool(target.attrs.get(flag, False)) == reassociate
+                   for flag in rt.utils.REASSOCIATE_FLAGS)
+        lib = tvm.compile(tvm.IRModule({"main": func}), target)
+        assert ("vector.reduce.fadd" in lib.mod.inspect_source("ll")) == reassociate
+        out = tvm.runtime.empty((8,), "float32", tvm.cpu())
+        lib["main"](tvm.runtime.tensor(x), out)
+        np.testing.assert_allclose(out.numpy(), x.astype("float64").sum(1), rtol=1e-4,
+                                   atol=1e-4)
