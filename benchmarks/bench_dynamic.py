@@ -3,7 +3,7 @@ compiled ONCE with a symbolic sequence length and run at several lengths, side b
 TVM untuned, relax_tune (weights bound, tuned at the hinted sizes) and PyTorch eager.
 
     python benchmarks/bench_dynamic.py --models llama bert --sizes 1 16 128 512 300 \\
-        --hints n=1,16,64,256,1024 --trials-per-task 8 [--max-time 1800]
+        --hints n=1,16,64,256,1024 --trials-per-task 8 [--max-time 1800] [--omp-passive]
     python benchmarks/bench_dynamic.py --small --trials-per-task 1 --sizes 1 7 16   # smoke
 
 Models (``relax_tune.models``, random weights scaled by 1/sqrt(fan-in), batch 1, float32):
@@ -244,9 +244,15 @@ def main() -> int:
     parser.add_argument("--min-secs", type=float, default=0.2)
     parser.add_argument("--tol", type=float, default=1e-3)
     parser.add_argument("--work-root", default=None)
+    parser.add_argument("--omp-passive", action="store_true",
+                        help="OMP_WAIT_POLICY=PASSIVE for PyTorch's OpenMP threads, as "
+                             "bench_real_models.py: spinning OpenMP workers and TVM's pool "
+                             "otherwise slow each other down between interleaved calls")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
 
+    if args.omp_passive:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch (its libgomp) is imported
     threads = args.threads or len(os.sched_getaffinity(0))
     os.environ["TVM_NUM_THREADS"] = str(threads)  # before tvm is imported (and its workers)
     import logging
@@ -265,8 +271,9 @@ def main() -> int:
           f"{target}\nrelax_tune commit: {relax_tune_commit()}\nthreads: {threads} for every "
           f"contender; tvm {tvm.__version__}, torch {torch.__version__}; "
           f"{'reduced models (--small)' if args.small else 'full-size models'}; hints "
-          f"{args.hints}; timing: {args.rounds} interleaved rounds; load at start "
-          f"{os.getloadavg()}", flush=True)
+          f"{args.hints}; timing: {args.rounds} interleaved rounds; OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}; load at start {os.getloadavg()}",
+          flush=True)
     root = args.work_root or tempfile.mkdtemp(prefix="bench_dynamic_")
     table = ["| model | n | contender | ms | vs untuned | vs PyTorch | tune wall s | "
              "max rel diff |", "|---|---|---|---|---|---|---|---|"]
