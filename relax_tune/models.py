@@ -101,7 +101,11 @@ def _rope(x, base: float = 10000.0):
             inv = tirx.exp(tirx.Cast("float32", i) * tirx.const(-2.0 * np.log(base) /
                                                                 (2 * half), "float32"))
             angle = tirx.Cast("float32", s) * inv
-            rot = tirx.Select(d < half, -t[b, s, h, d + half], t[b, s, h, d - half])
+            # rotate half: -x[d + half] for d < half, x[d - half] above. One load at an
+            # index always in range: a Select of two loads evaluates both, and read
+            # x[-half..-1] before the tensor (a crash when that memory is unmapped).
+            partner = t[b, s, h, tirx.floormod(d + half, 2 * half)]
+            rot = tirx.Select(d < half, -partner, partner)
             return t[b, s, h, d] * tirx.cos(angle) + rot * tirx.sin(angle)
 
         return te.compute(t.shape, fn, name="rope")

@@ -485,6 +485,31 @@ def test_pipeline_with_records_matches_untuned_at_every_size(target, tmp_path):
     assert os.path.isfile(os.path.join(work, "tasks.json"))
 
 
+def test_llama_rope_reads_only_inside_its_tensor():
+    """Every load of the rotary embedding stays inside the tensor, at every position. (A
+    Select of two loads evaluates both: its rotate-half read x[d - 32] for d < 32, before
+    the tensor, and the Llama block crashed at n=16 once the input view sat at the start
+    of a fresh page.)"""
+    mod, _ = models.llama_block(dim=64, heads=4, hidden=128)
+    func = mod["rope"]
+    realizes = []
+    tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlockRealize, realizes.append)])
+    block = [r.block for r in realizes if str(r.block.name_hint) == "rope"][0]
+    dom = {iv.var: tvm.sym.IntervalSet(iv.dom.min, iv.dom.min + iv.dom.extent - 1)
+           for iv in block.iter_vars}
+    nodes = []
+    tvm_ffi.structural_walk(block.body, [(object, nodes.append)])
+    loads = [x for x in nodes if type(x).__name__ in ("BufferLoad", "TensorLoad")]
+    analyzer = tvm.sym.Analyzer()
+    assert loads
+    for load in loads:
+        tensor = getattr(load, "buffer", None) or load.source
+        for index, extent in zip(load.indices, tensor.shape):
+            span = analyzer.int_set(index, dom)
+            assert analyzer.can_prove(span.min_value >= 0), (load, index)
+            assert analyzer.can_prove(span.max_value < extent), (load, index)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama_block", "bert_layer"])
 def test_reduced_decoder_and_encoder_through_the_pipeline(name, target, tmp_path):
