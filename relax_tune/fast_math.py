@@ -1,5 +1,4 @@
-"""Vectorisable float32 ``exp``, ``erf``, ``tanh``, ``sigmoid``, ``sin`` and ``cos`` for CPU
-kernels.
+"""Vectorisable float32 ``exp``, ``erf``, ``tanh`` and ``sigmoid`` for CPU kernels.
 
 LLVM has no vector form of these functions: a vectorised ``exp`` becomes one libm call per
 lane, and TVM's ``erf`` lowering is slower still (measured on a 197x768 float32 tensor, 2
@@ -16,11 +15,6 @@ applied with it:
 - ``erf``, ``tanh``: Eigen's rational approximations (the ones TVM's ``topi.fast_erf`` and
   ``fast_tanh`` use), inputs clamped to [-4, 4] and [-9, 9].
 - ``sigmoid(x)`` = 1 / (1 + exp(-x)) with the ``exp`` above.
-- ``sin``, ``cos`` (rotary embeddings): Cephes' ``sinf``/``cosf``: reduction by pi/2 in three
-  parts, degree-7/8 polynomials on [-pi/4, pi/4]; within 2e-6 plus half a float32 ulp of x
-  (the rounding x itself carries: 5e-4 at x = 1e4, so large angles lose what float32
-  angles have already lost). The Llama block's rotary kernels at n=512 spent 1.5 and 1.0 ms in libm
-  calls (AMD Zen 4, 2 threads).
 
 All agree with libm to a few float32 ulps (tested in tests/test_fast_math.py).
 """
@@ -103,41 +97,8 @@ def fast_sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return _c(1.0) / (_c(1.0) + fast_exp(_c(0.0) - x))
 
 
-_SIN_P = [-1.9515295891e-4, 8.3321608736e-3, -1.6666654611e-1]
-_COS_P = [2.443315711809948e-5, -1.388731625493765e-3, 4.166664568298827e-2]
-# pi/2 in three parts (Cephes' pi/4 split, doubled): within 2e-6 plus half a float32 ulp of
-# x (the rounding x itself carries) of sin/cos
-_PIO2 = (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8)
-
-
-def _sin_cos(x: tirx.PrimExpr, shift: int) -> tirx.PrimExpr:
-    """float32 sin(x) (``shift`` 0) or cos(x) (``shift`` 1) (Cephes sinf/cosf): x = y pi/2
-    + r, |r| <= pi/4, then sin/cos of r by polynomials chosen by the quadrant (y + shift)
-    mod 4. A select of computed values, never of loads."""
-    y = tirx.floor(x * _c(0.63661977236758134) + _c(0.5))
-    r = ((x - y * _c(_PIO2[0])) - y * _c(_PIO2[1])) - y * _c(_PIO2[2])
-    z = r * r
-    sin_r = r + r * z * _horner(z, _SIN_P)
-    cos_r = _c(1.0) - _c(0.5) * z + z * z * _horner(z, _COS_P)
-    q = tirx.bitwise_and(tirx.Cast("int32", y) + tirx.const(shift, "int32"),
-                         tirx.const(3, "int32"))
-    odd = tirx.bitwise_and(q, tirx.const(1, "int32")) == tirx.const(1, "int32")
-    value = tirx.Select(odd, cos_r, sin_r)
-    return tirx.Select(q >= tirx.const(2, "int32"), _c(0.0) - value, value)
-
-
-def fast_sin(x: tirx.PrimExpr) -> tirx.PrimExpr:
-    """float32 sin(x) as vectorisable arithmetic (Cephes sinf)."""
-    return _sin_cos(x, 0)
-
-
-def fast_cos(x: tirx.PrimExpr) -> tirx.PrimExpr:
-    """float32 cos(x) as vectorisable arithmetic (Cephes cosf)."""
-    return _sin_cos(x, 1)
-
-
 _REWRITES = {"tirx.exp": fast_exp, "tirx.erf": fast_erf, "tirx.tanh": fast_tanh,
-             "tirx.sigmoid": fast_sigmoid, "tirx.sin": fast_sin, "tirx.cos": fast_cos}
+             "tirx.sigmoid": fast_sigmoid}
 
 
 def _rewrite_call(call: tvm.ir.expr.Call):
@@ -149,8 +110,7 @@ def _rewrite_call(call: tvm.ir.expr.Call):
 
 
 def fast_math_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with its float32 exp/erf/tanh/sigmoid/sin/cos calls rewritten (itself if
-    none)."""
+    """``func`` with its float32 exp/erf/tanh/sigmoid calls rewritten (itself if none)."""
     return tvm_ffi.structural_map(func, (tvm.ir.expr.Call, _rewrite_call))
 
 

@@ -151,29 +151,3 @@ def test_host_target_lets_llvm_vectorise_reductions():
         lib["main"](tvm.runtime.tensor(x), out)
         np.testing.assert_allclose(out.numpy(), x.astype("float64").sum(1), rtol=1e-4,
                                    atol=1e-4)
-
-
-@pytest.mark.parametrize("name", ["sin", "cos"])
-def test_fast_sin_cos_match_float64_reference(name):
-    """Rotary-embedding angles (positions up to 65535 times the inverse frequencies of a
-    head of 64) and random values: within 2e-6 of float64 sin/cos of the same float32
-    input plus half a float32 ulp of x (the rounding x itself carries: 5e-4 at 1e4), and
-    no libm call left."""
-    rng = np.random.default_rng(1)
-    pos = np.arange(0, 65536, 37, dtype=np.float64)
-    inv = np.exp(np.arange(32) * (-2.0 * np.log(10000.0) / 64))
-    angles = (pos[:, None] * inv[None, :]).astype("float32")[:, :16]
-    x = np.concatenate([angles, (rng.uniform(-50, 50, (64, 16))).astype("float32"),
-                        np.array([[0, 1e-8, -1e-8, np.pi / 4, np.pi / 2, np.pi, -np.pi,
-                                   1e4, -1e4, 3 * np.pi / 4, 0.5, -0.5, 2, -2, 7, -7]],
-                                 "float32")])
-    mod = _vectorised(getattr(tirx, name), x.shape)
-    assert f"tirx.{name}" not in _calls(mod["main"])
-    lib = tvm.compile(mod, target=rt.host_target())
-    out = tvm.runtime.tensor(np.zeros_like(x))
-    lib["main"](tvm.runtime.tensor(x), out)
-    ref = getattr(np, name)(x.astype(np.float64))
-    err = np.abs(out.numpy() - ref)
-    bound = 2e-6 + 0.5 * np.spacing(np.abs(x)).astype(np.float64)
-    worst = int(np.argmax(err / bound))
-    assert np.all(err < bound), (name, float(err.flat[worst]), float(x.flat[worst]))
