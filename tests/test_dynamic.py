@@ -441,6 +441,36 @@ def test_baseline_bucket_runs_the_untuned_body(target):
     assert dynamic.upper_limit(64, [16, 64]) == 64
 
 
+def test_branch_intermediates_are_sized_for_their_bucket(target):
+    """Each bucket's branch allocates its intermediate buffers at the largest n it serves
+    (constant shapes: TVM compacts a tile of them to a constant tile), the untuned body
+    above the largest bucket keeps them symbolic, and every size still computes softmax."""
+    tensors, ref = _zoo("softmax_rows")
+    func = te.create_prim_func(tensors)
+    base = normalize_mod(func)
+    disp = dynamic.dispatch_function(base["main"], [({"n": 16}, None), ({"n": 64}, None)])
+    text = disp.script()
+    assert dynamic.BOUNDS_KEY not in text
+    first, rest = text.split("if n <= T.int64(32):")[1].split("else:", 1)
+    second, untuned = rest.split("if n <= T.int64(64):")[1].split("else:", 1)
+    allocs = [[line for line in part.splitlines() if "sblock_alloc_buffer" in line]
+              for part in (first, second, untuned)]
+    assert all(len(a) == 3 for a in allocs), allocs  # max, exp, sum
+    assert all("T.int64(32)" in line and "(n" not in line for line in allocs[0])
+    assert all("T.int64(64)" in line and "(n" not in line for line in allocs[1])
+    assert all("(n" in line for line in allocs[2])
+    lib = tvm.compile(tvm.IRModule({"main": disp}), target)
+    rng = np.random.default_rng(5)
+    for n in (1, 31, 32, 33, 64, 65, 100):
+        _run_at(lib, func, ref, n, rng)
+    # other annotations of a branch's root block stay
+    marked = dynamic._bound_intermediates(
+        '    T.sblock_attr({"a": 1, "%s": {"n": "T.int64(8)"}})\n'
+        '    C = T.sblock_alloc_buffer((n, n * T.int64(2)), "float32")\n' % dynamic.BOUNDS_KEY)
+    assert marked.splitlines() == ['    T.sblock_attr({"a": 1})',
+                                   "    C = T.sblock_alloc_buffer((T.int64(8), n * T.int64(2)), 'float32')"]
+
+
 # ---------------------------------------------------------------------------------------
 # Through the pipeline
 
