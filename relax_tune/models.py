@@ -88,29 +88,50 @@ def _with_upper_bound(mod: tvm.IRModule, bound: int | None) -> tvm.IRModule:
     return out
 
 
-def _rope(x, base: float = 10000.0):
-    """Rotary position embedding of ``x`` (1, n, heads, head_dim), position = sequence
-    index, the rotate-half convention (Llama, GPT-NeoX); one TE kernel."""
+def _rope_table(x, base: float = 10000.0):
+    """The rotary embedding's ``cos`` and ``sin`` per position and frequency of ``x``
+    (1, n, heads, head_dim): ``(n, head_dim)``, ``cos`` in the first half, ``sin`` in the
+    second. Computed once per call and shared by q and k (as Llama implementations cache
+    it): the angle depends on the position and the frequency only, not on the head."""
     from tvm import te, tirx
 
     def compute(t):
         half = int(t.shape[3]) // 2
 
-        def fn(b, s, h, d):
+        def fn(s, d):
             i = tirx.floormod(d, half)
             inv = tirx.exp(tirx.Cast("float32", i) * tirx.const(-2.0 * np.log(base) /
                                                                 (2 * half), "float32"))
             angle = tirx.Cast("float32", s) * inv
+            # one libm call per element (a Select would evaluate both)
+            return tirx.if_then_else(d < half, tirx.cos(angle), tirx.sin(angle))
+
+        return te.compute((t.shape[1], 2 * half), fn, name="rope_table")
+
+    return op.tensor_expr_op(compute, "rope_table", [x])
+
+
+def _rope(x, table):
+    """Rotary position embedding of ``x`` (1, n, heads, head_dim), position = sequence
+    index, the rotate-half convention (Llama, GPT-NeoX), with ``table`` from
+    ``_rope_table``; one elementwise TE kernel."""
+    from tvm import te, tirx
+
+    def compute(t, tab):
+        half = int(t.shape[3]) // 2
+
+        def fn(b, s, h, d):
+            i = tirx.floormod(d, half)
             # rotate half: -x[d + half] for d < half, x[d - half] above. One load at an
             # index always in range: a Select of two loads evaluates both, and read
             # x[-half..-1] before the tensor (a crash when that memory is unmapped).
             partner = t[b, s, h, tirx.floormod(d + half, 2 * half)]
             rot = tirx.Select(d < half, -partner, partner)
-            return t[b, s, h, d] * tirx.cos(angle) + rot * tirx.sin(angle)
+            return t[b, s, h, d] * tab[s, i] + rot * tab[s, i + half]
 
         return te.compute(t.shape, fn, name="rope")
 
-    return op.tensor_expr_op(compute, "rope", [x])
+    return op.tensor_expr_op(compute, "rope", [x, table])
 
 
 def _causal_scores(scores, scale: float):
@@ -155,8 +176,10 @@ def llama_block(dim: int = 512, heads: int = 8, hidden: int = 1536,
         def forward(self, x):
             n = x.shape[1]
             h = self.attn_norm(x)
-            q = _rope(op.reshape(self.q(h), (1, n, heads, head_dim)))
-            k = _rope(op.reshape(self.k(h), (1, n, heads, head_dim)))
+            q = op.reshape(self.q(h), (1, n, heads, head_dim))
+            table = _rope_table(q)
+            q = _rope(q, table)
+            k = _rope(op.reshape(self.k(h), (1, n, heads, head_dim)), table)
             v = op.reshape(self.v(h), (1, n, heads, head_dim))
             q, k, v = (op.permute_dims(t, [0, 2, 1, 3]) for t in (q, k, v))
             scores = _causal_scores(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])),
