@@ -142,6 +142,7 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
                 for st in states:
                     if st.progress.active:
                         st.report.status = "time"
+                _warn_untried(states, cfg.max_time)
                 break
             _judge_shares(states, cfg.min_task_share)
             index = scheduler.next_task([st.progress for st in states])
@@ -182,6 +183,18 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
         if cfg.runner is None:
             runner.shutdown()
     return [st.report for st in states]
+
+
+def _warn_untried(states: list[_TaskState], max_time: float) -> None:
+    """Say which tasks the time limit left without a single measured candidate: they stay
+    untuned (e.g. when building and timing the untuned baselines took the whole limit)."""
+    untried = [st.report.task_name for st in states if st.report.trials == 0]
+    if untried:
+        shown = ", ".join(untried[:5]) + (f" and {len(untried) - 5} more"
+                                           if len(untried) > 5 else "")
+        logger.warning("max_time of %.0f s reached before any candidate of %d of %d tasks "
+                       "was measured (%s): they stay untuned; raise max_time or tune fewer "
+                       "tasks (op_names)", max_time, len(untried), len(states), shown)
 
 
 def _prioritise(states: list[_TaskState], per_task: int) -> None:

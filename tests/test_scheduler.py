@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import logging
 import time
 
 import pytest
@@ -81,13 +82,19 @@ def test_resume_skips_task_at_budget_and_measures_nothing_twice(two_task_model, 
     assert len(keys) == len(set(keys)) == 2 * 5 + 2  # trials + one baseline per task
 
 
-def test_max_time_stops_tuning(two_task_model, tmp_path):
+def test_max_time_stops_tuning(two_task_model, tmp_path, caplog):
+    """The time limit stops tuning, and a task it left without any measured candidate is
+    named in a warning (it stays untuned)."""
     start = time.monotonic()
-    reports = rt.tune_tasks(two_task_model, str(tmp_path), max_trials_global=1000,
-                            max_time=0.0, **SMALL)
+    with caplog.at_level(logging.WARNING, logger="relax_tune"):
+        reports = rt.tune_tasks(two_task_model, str(tmp_path), max_trials_global=1000,
+                                max_time=0.0, **SMALL)
     assert sum(r.trials for r in reports) == 0
     assert all(r.status == "time" for r in reports)
     assert time.monotonic() - start < 120
+    warned = [r.getMessage() for r in caplog.records if "before any candidate" in r.getMessage()]
+    assert len(warned) == 1 and "2 of 2 tasks" in warned[0]
+    assert all(r.task_name in warned[0] for r in reports)
 
 
 def test_too_cheap_is_judged_on_the_tuned_model_after_a_first_batch(two_task_model, tmp_path):
