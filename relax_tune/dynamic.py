@@ -22,6 +22,7 @@ cannot be scheduled for one size. relax_tune handles it in two halves:
 
 from __future__ import annotations
 
+import ast
 import itertools
 import logging
 import math
@@ -670,8 +671,6 @@ def _bound_intermediates(text: str) -> str:
     0.45 ms at n = 256, Zen 4); with a constant shape the tile is constant too. Only
     dimensions that are exactly a symbolic variable are replaced (anything else is left
     symbolic). Text, because TVM 0.27 has no Python mutator to re-point a buffer's uses."""
-    import ast
-
     lines = text.splitlines()
     out, i = [], 0
     while i < len(lines):
@@ -683,13 +682,14 @@ def _bound_intermediates(text: str) -> str:
             continue
         limits = ast.literal_eval(entry.group(1))
         rest = (lines[i][:entry.start()] + lines[i][entry.end():]).replace(", }", "}")
-        if not _ATTR_LINE.match(rest) or _ATTR_LINE.match(rest).group(2) != "{}":
+        if not rest.endswith("T.sblock_attr({})"):
             out.append(rest)
         i += 1
+        indent = match.group(1)
         # the block's allocations follow its attributes at the same indentation
-        while i < len(lines) and _ALLOC_LINE.match(lines[i]) and \
-                _ALLOC_LINE.match(lines[i]).group(1) == match.group(1):
-            out.append(match.group(1) + _bounded_alloc(lines[i].strip(), limits))
+        while i < len(lines) and (alloc := _ALLOC_LINE.match(lines[i])) and \
+                alloc.group(1) == indent:
+            out.append(indent + _bounded_alloc(lines[i].strip(), limits))
             i += 1
     return "\n".join(out) + "\n"
 
@@ -698,8 +698,6 @@ def _bounded_alloc(line: str, limits: Mapping[str, str]) -> str:
     """An allocation line ``name = T.sblock_alloc_buffer((d0, d1, ...), ...)`` with each
     dimension that is exactly a variable of ``limits`` replaced by its limit; unchanged
     when no dimension is."""
-    import ast
-
     tree = ast.parse(line)
     shape = tree.body[0].value.args[0]
     if not isinstance(shape, ast.Tuple):
