@@ -127,7 +127,7 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
     progress = Progress(remaining, logs_dir(work_dir) if work_dir else None,
                         enable_bar=cfg.progress_bar)
     deadline = None if cfg.max_time is None else time.monotonic() + cfg.max_time
-    if remaining > 0:
+    if remaining > 0 and any(st.report.trials < per_task for st in states):
         measurer.start()  # worker start-up overlaps the first build
     try:
         if cfg.measure_baseline and remaining > 0:

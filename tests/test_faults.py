@@ -322,3 +322,38 @@ def test_record_line_fast_parse_matches_json(tmp_path):
     again = JSONDatabase(work_dir=str(tmp_path))
     assert [r.as_json() for r in again.get_all_tuning_records()] == \
         [r.as_json() for r in db.get_all_tuning_records()]
+
+
+def test_pool_shutdown_survives_a_worker_killed_while_starting():
+    """TVM's PopenWorker.kill raises on a worker whose process is up but whose pipes are
+    not yet open (a race between ``start`` and ``shutdown``) and leaves the pool's lock held;
+    the pool's ``__del__`` then blocked forever (a CI run hung 900 s). The half-started
+    worker is made here by removing its pipe attribute."""
+    import threading
+
+    from tvm.support.popen_pool import PopenPoolExecutor
+
+    from relax_tune.measure.base import shutdown_pool
+
+    pool = PopenPoolExecutor(max_workers=1, timeout=30)
+    assert pool.submit(os.getpid).result(timeout=60) > 0
+    (worker,) = pool._worker_map.values()
+    proc = worker._proc
+    del worker._writer
+    shutdown_pool(pool, [])  # logs, does not raise
+    done = threading.Event()
+    threading.Thread(target=lambda: (pool.__del__(), done.set()), daemon=True).start()
+    assert done.wait(10), "the pool's __del__ blocked on its lock"
+    proc.kill()
+    proc.wait(timeout=10)
+    worker._proc = None  # else the worker's own __del__ trips on the missing pipe
+
+
+def test_builder_started_and_stopped_at_once_leaves_no_worker(tmp_path):
+    """A tuning call with nothing to measure starts its workers and stops them right away."""
+    builder = LocalBuilder(max_workers=2, artifact_dir=str(tmp_path / "a"))
+    builder.start()
+    pool = builder.pool
+    builder.shutdown()
+    assert pool._shutdown
+    assert all(w._proc is None for w in pool._worker_map.values())

@@ -142,6 +142,29 @@ def worker_import_error(err: BaseException) -> str:
     return msg
 
 
+def shutdown_pool(pool: Any, starting: list, wait_secs: float = 60.0) -> None:
+    """Shut down a TVM ``PopenPoolExecutor`` once the start-up jobs in ``starting`` (futures
+    of the ``start`` methods) are done.
+
+    Killing a worker whose process is started but whose pipes are not yet open makes TVM's
+    ``PopenWorker.kill`` raise AttributeError in the middle of ``shutdown``, with the pool's
+    lock held: the pool's ``__del__`` later blocks on that lock forever (a CI run hung 900 s
+    in the next test after a tuning call that had nothing to measure stopped its workers
+    right after starting them). Should ``shutdown`` fail anyway, the failure is logged and
+    the pool marked as shut down, so that its ``__del__`` does nothing."""
+    import concurrent.futures
+
+    if starting:
+        concurrent.futures.wait(starting, timeout=wait_secs)
+    try:
+        pool.shutdown(wait=True)
+    except Exception as err:  # noqa: BLE001 - a worker left running beats a hung process
+        logger.warning("measurement workers not all stopped cleanly: %s", short_error(err))
+        if pool._lock.locked():
+            pool._lock.release()
+        pool._shutdown = True
+
+
 class MeasureError(RuntimeError):
     """A measurement helper that returns data (not a result record) could not finish; the
     message is short (``"timeout"``, ``"worker crashed"``, or the first lines of the error)."""

@@ -20,7 +20,7 @@ from tvm.support.popen_pool import PopenPoolExecutor
 from ..utils import RelaxTuneError, normalize_mod, parse_target, to_plain, trace_to_json
 from . import _worker, cross, prepack
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, Builder, BuildResult, BuildsDone, logger,
-                   short_error, worker_import_error, worker_output)
+                   short_error, shutdown_pool, worker_import_error, worker_output)
 
 
 def _digest(text: str) -> str:
@@ -94,6 +94,7 @@ class LocalBuilder(Builder):
         self._counter = itertools.count()
         self._session = uuid.uuid4().hex[:8]
         self._closed = False
+        self._starting: list[Future] = []
 
     @property
     def pool(self) -> PopenPoolExecutor:
@@ -114,8 +115,7 @@ class LocalBuilder(Builder):
         called before the first batch, the start-up overlaps other work instead of the
         first builds."""
         pool = self.pool
-        for _ in range(self.max_workers):
-            pool.submit(os.getpid)
+        self._starting += [pool.submit(os.getpid) for _ in range(self.max_workers)]
 
     def link_mode(self, target: tvm.target.Target | str | dict) -> str:
         """How this builder links candidates for ``target``: "" (the host compiler),
@@ -235,7 +235,7 @@ class LocalBuilder(Builder):
             pool, self._pool = self._pool, None
         if pool is not None:
             start = time.perf_counter()
-            pool.shutdown(wait=True)
+            shutdown_pool(pool, self._starting)
             logger.debug("builder pool shut down in %.2f s", time.perf_counter() - start)
         if self._owns_dir:
             shutil.rmtree(self.artifact_dir, ignore_errors=True)

@@ -17,7 +17,7 @@ from tvm.support.popen_pool import PopenPoolExecutor
 from ..utils import RelaxTuneError, parse_target
 from . import _worker, cross
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, MeasureError, Runner, RunResult, logger,
-                   short_error, worker_import_error, worker_output)
+                   short_error, shutdown_pool, worker_import_error, worker_output)
 
 _DEFAULT_SEED = 42
 _MIN_CUT_SECS = 1e-3
@@ -108,6 +108,7 @@ class LocalRunner(Runner):
         self._pool: PopenPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._starting: list = []
 
     @property
     def pool(self) -> PopenPoolExecutor:
@@ -148,7 +149,7 @@ class LocalRunner(Runner):
     def start(self) -> None:
         """Start the worker process now, without waiting (it imports TVM, about a second),
         so that its start-up overlaps the first builds."""
-        self.pool.submit(os.getpid)
+        self._starting.append(self.pool.submit(os.getpid))
 
     @staticmethod
     def _device_of(target: tvm.target.Target) -> tuple[int, int]:
@@ -301,4 +302,4 @@ class LocalRunner(Runner):
             self._closed = True
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True)
+            shutdown_pool(pool, self._starting)
