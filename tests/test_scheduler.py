@@ -1,11 +1,11 @@
 """Task scheduling, budgets, time limits, resumption and progress of tune_tasks."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
-import logging
 import time
 
 import pytest

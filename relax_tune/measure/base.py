@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -142,7 +143,7 @@ def worker_import_error(err: BaseException) -> str:
     return msg
 
 
-def shutdown_pool(pool: Any, starting: list, wait_secs: float = 60.0) -> None:
+def shutdown_pool(pool: Any, starting: list[Future], wait_secs: float = 60.0) -> None:
     """Shut down a TVM ``PopenPoolExecutor`` once the start-up jobs in ``starting`` (futures
     of the ``start`` methods) are done.
 
@@ -152,10 +153,8 @@ def shutdown_pool(pool: Any, starting: list, wait_secs: float = 60.0) -> None:
     in the next test after a tuning call that had nothing to measure stopped its workers
     right after starting them). Should ``shutdown`` fail anyway, the failure is logged and
     the pool marked as shut down, so that its ``__del__`` does nothing."""
-    import concurrent.futures
-
     if starting:
-        concurrent.futures.wait(starting, timeout=wait_secs)
+        wait(starting, timeout=wait_secs)
     try:
         pool.shutdown(wait=True)
     except Exception as err:  # noqa: BLE001 - a worker left running beats a hung process

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -108,7 +109,7 @@ class LocalRunner(Runner):
         self._pool: PopenPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self._starting: list = []
+        self._starting: list[Future] = []
 
     @property
     def pool(self) -> PopenPoolExecutor:
