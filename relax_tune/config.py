@@ -47,6 +47,10 @@ class TuneConfig:
         or ``{"n": {16: 2.0, 64: 1.0}}`` (size: weight), or the command line's
         ``"n=1,16,64"``; stored as ``{name: {size: weight}}``. None: 1 and the powers of 4
         up to the variable's upper bound (1024 without one). See ``relax_tune.dynamic``.
+    dispatch_ranking: after the search, this many fastest records of each dynamic-shape
+        bucket are timed again as ``ApplyDatabase`` runs them (replayed on the symbolic
+        function) and the fastest there is the one applied (``relax_tune.dispatch_rank``;
+        needs a work_dir). 0: off, the fastest static record is applied.
     builder: a ``relax_tune.measure`` builder (None: a ``LocalBuilder`` per session).
     runner: a ``relax_tune.measure`` runner (None: a ``LocalRunner`` per session).
     """
@@ -67,6 +71,7 @@ class TuneConfig:
     head_to_head_rounds: int = 3
     progress_bar: bool | None = None
     shape_hints: Any = None
+    dispatch_ranking: int = 3
     builder: Any = None
     runner: Any = None
 
@@ -99,6 +104,7 @@ class TuneConfig:
             raise RelaxTuneError(f"progress_bar must be True, False or None, not "
                                  f"{self.progress_bar!r}")
         _check_int("head_to_head_rounds", self.head_to_head_rounds, minimum=0)
+        _check_int("dispatch_ranking", self.dispatch_ranking, minimum=0)
         from .dynamic import normalize_hints
 
         object.__setattr__(self, "shape_hints", normalize_hints(self.shape_hints))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import json
 import logging
 import math
 import re
@@ -413,7 +414,8 @@ def unswitch_partial_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     if not isinstance(root, SBlockRealize):
         return func
     allowed = {_identity(v) for v in symbolic_vars(func)}
-    body = _unswitch_stmt(root.block.body, allowed, UNSWITCH_DEPTH, tvm.sym.Analyzer())
+    body = _unswitch_stmt(root.block.body, allowed, UNSWITCH_DEPTH, tvm.sym.Analyzer(),
+                          above=_above_intermediates(root.block))
     if body.same_as(root.block.body):
         return func
     block = _rebuild_block(root.block, body=body)
@@ -426,28 +428,30 @@ def _identity(node) -> int:
     return hash(node)
 
 
-def _unswitch_stmt(stmt, defined: set, depth: int, analyzer, tested: tuple = ()
-                   ) -> tirx.Stmt:
+def _unswitch_stmt(stmt, defined: set, depth: int, analyzer, tested: tuple = (),
+                   above: frozenset = frozenset()) -> tirx.Stmt:
     """``stmt`` with full-tile tests at up to ``depth`` nested loop levels of each nest;
-    ``tested``: the tests already made around it (not repeated inside)."""
+    ``tested``: the tests already made around it (not repeated inside); ``above``: loops
+    that get no test (``_above_intermediates``)."""
     if depth <= 0:
         return stmt
     if isinstance(stmt, tirx.SeqStmt):
-        parts = [_unswitch_stmt(s, defined, depth, analyzer, tested) for s in stmt.seq]
+        parts = [_unswitch_stmt(s, defined, depth, analyzer, tested, above) for s in stmt.seq]
         if all(a.same_as(b) for a, b in zip(parts, stmt.seq)):
             return stmt
         return tirx.SeqStmt(parts)
     if not isinstance(stmt, tirx.For) or stmt.kind == tirx.ForKind.VECTORIZED:
         return stmt
     inner_defined = defined | {_identity(stmt.loop_var)}
-    terms, bounded, empty = _full_tile_guard(stmt.body, inner_defined, analyzer, tested)
+    terms, bounded, empty = ([], {}, None) if _identity(stmt) in above else \
+        _full_tile_guard(stmt.body, inner_defined, analyzer, tested)
     if not terms:
-        body = _unswitch_stmt(stmt.body, inner_defined, depth, analyzer, tested)
+        body = _unswitch_stmt(stmt.body, inner_defined, depth, analyzer, tested, above)
     else:
         tested = tested + tuple(terms)
         fast = _unswitch_stmt(_strip_predicates(stmt.body, bounded), inner_defined,
-                              depth - 1, analyzer, tested)
-        slow = _unswitch_stmt(stmt.body, inner_defined, depth - 1, analyzer, tested)
+                              depth - 1, analyzer, tested, above)
+        slow = _unswitch_stmt(stmt.body, inner_defined, depth - 1, analyzer, tested, above)
         if empty is not None:  # a tile wholly past n (the rest of a partial one) does nothing
             slow = tirx.IfThenElse(tirx.Not(empty), slow, None)
         guard = terms[0]
@@ -458,6 +462,52 @@ def _unswitch_stmt(stmt, defined: set, depth: int, analyzer, tested: tuple = ()
         return stmt
     return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
                     stmt.thread_binding, stmt.annotations)
+
+
+def _above_intermediates(root: SBlock) -> frozenset:
+    """The loops (``_identity``) that enclose, strictly, the innermost loop holding every
+    access of one of ``root``'s intermediate buffers.
+
+    TVM allocates an intermediate at the innermost loop that holds all its accesses and
+    compacts it to what one iteration there touches: a matmul computed at a column tile of
+    the mask that follows it is a tile of 2 x 4 x 256 floats, in L1. A full-tile test at a
+    loop above that one splits the accesses into two copies of the loop nest, so the
+    intermediate moves up to the test's loop and grows to the whole symbolic region (the
+    Llama block's q k^T + causal mask at n=256: 2 x 508 x 256 floats, 3.5x slower than with
+    the test inside the tile loop, Zen 4)."""
+    intermediates = {_identity(b) for b in root.alloc_buffers}
+    paths: dict[int, list] = {}
+
+    def visit(stmt, loops: list) -> None:
+        if isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, loops)
+        elif isinstance(stmt, tirx.For):
+            visit(stmt.body, loops + [_identity(stmt)])
+        elif isinstance(stmt, tirx.IfThenElse):
+            visit(stmt.then_case, loops)
+            if stmt.else_case is not None:
+                visit(stmt.else_case, loops)
+        elif isinstance(stmt, SBlockRealize):
+            block = stmt.block
+            for region in list(block.reads) + list(block.writes):
+                key = _identity(region.source)
+                if key in intermediates:
+                    path = paths.get(key)
+                    paths[key] = loops if path is None else _common_prefix(path, loops)
+            visit(block.body, loops)
+            if block.init is not None:
+                visit(block.init, loops)
+
+    visit(root.body, [])
+    return frozenset(loop for path in paths.values() for loop in path[:-1])
+
+
+def _common_prefix(a: list, b: list) -> list:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
 def _full_tile_guard(body, defined: set, analyzer, tested: tuple = ()):
@@ -603,27 +653,29 @@ def _is_true(expr) -> bool:
 # The dispatching function
 
 def dispatch_function(func: tirx.PrimFunc,
-                      branches: Sequence[tuple[Mapping[str, int], tirx.PrimFunc | None]]
-                      ) -> tirx.PrimFunc:
+                      branches: Sequence[tuple[Mapping[str, int], tirx.PrimFunc | None]],
+                      hinted: Mapping[str, Sequence[int]] | None = None) -> tirx.PrimFunc:
     """One PrimFunc with ``func``'s signature that runs, for each symbolic value, the branch
     of the nearest bucket, and ``func``'s own body above the largest one.
 
     ``branches`` are ``(sizes, function)`` pairs, smallest first. A variable at size ``s``
     serves values up to ``upper_limit`` (the geometric mean of ``s`` and the next larger
-    hinted size: nearest on a log scale; ``s`` itself for the largest). The first branch
-    whose variables are all within their limits runs. A branch whose function is None runs
-    ``func``'s body (its bucket's best record is the untuned function). Every branch
-    function must be ``func`` scheduled (same parameters)."""
+    hinted size -- the branches' sizes, or ``hinted`` when given: nearest on a log scale;
+    ``s`` itself for the largest). The first branch whose variables are all within their
+    limits runs. A branch whose function is None runs ``func``'s body (its bucket's best
+    record is the untuned function). Every branch function must be ``func`` scheduled
+    (same parameters)."""
     variables = {v.name: v for v in symbolic_vars(func)}
-    hinted = {name: sorted({int(sizes[name]) for sizes, _ in branches if name in sizes})
-              for name in variables}
+    if hinted is None:
+        hinted = {name: sorted({int(sizes[name]) for sizes, _ in branches if name in sizes})
+                  for name in variables}
     body = func.body
     for sizes, branch in reversed(list(branches)):
         branch = _same_params(func if branch is None else branch, func)
         cond, limits = None, {}
         for name, size in sizes.items():
             var = variables[name]
-            limits[name] = upper_limit(int(size), hinted[name])
+            limits[name] = upper_limit(int(size), hinted.get(name, [size]))
             term = var <= tirx.IntImm(_dtype(var), limits[name])
             cond = term if cond is None else tirx.And(cond, term)
         body = tirx.IfThenElse(cond, _mark_bounds(branch.body, limits, variables), body)
@@ -708,6 +760,43 @@ def _bounded_alloc(line: str, limits: Mapping[str, str]) -> str:
             shape.elts[k] = ast.parse(limits[dim.id], mode="eval").body
             changed = True
     return ast.unparse(tree) if changed else line
+
+
+
+# ------------------------------------------------------------------------------------------
+# One bucket's branch as it runs, for measuring it
+
+DISPATCH_KEY = "relax_tune.dispatch"
+"""Function attribute of a symbolic workload sent to a build worker: build the dispatch of
+one bucket (``{"sizes": {var: size}, "hinted": {var: [sizes]}}``) instead of replaying
+the trace on the workload itself (``dispatch_workload``, ``dispatch_module``)."""
+
+
+def dispatch_workload(symbolic: tvm.IRModule, sizes: Mapping[str, int],
+                      hinted: Mapping[str, Sequence[int]]) -> tvm.IRModule:
+    """The symbolic workload ``symbolic`` marked to be built as the dispatch of its bucket at
+    ``sizes`` (limits from all ``hinted`` sizes) by a build worker (``dispatch_module``)."""
+    spec = {"sizes": {str(k): int(v) for k, v in sizes.items()},
+            "hinted": {str(k): [int(x) for x in v] for k, v in hinted.items()}}
+    return tvm.IRModule({"main": symbolic["main"].with_attr(DISPATCH_KEY, json.dumps(spec))})
+
+
+def dispatch_module(mod: tvm.IRModule, trace_json: list | None) -> tvm.IRModule | None:
+    """What ``ApplyDatabase`` makes of one record of a bucket, for a workload marked by
+    ``dispatch_workload``: the dispatch whose bucket branch is ``trace_json`` replayed on the
+    symbolic function (None: the untuned function), every other size running the untuned
+    body. None when ``mod`` is not marked. Raises when the trace does not replay."""
+    func = mod["main"]
+    if func.attrs is None or DISPATCH_KEY not in func.attrs:
+        return None
+    spec = json.loads(str(func.attrs[DISPATCH_KEY]))
+    base = tvm.IRModule({"main": func.without_attr(DISPATCH_KEY)})
+    if trace_json is None:
+        return base
+    sizes = {k: int(v) for k, v in spec["sizes"].items()}
+    branch = replay_symbolic(base, trace_json, sizes)
+    return tvm.IRModule({"main": dispatch_function(base["main"], [(sizes, branch)],
+                                                   spec["hinted"])})
 
 
 def upper_limit(size: int, sizes: Sequence[int]) -> int:

@@ -22,10 +22,12 @@ from tvm import relax, tirx
 from .config import TuneConfig, make_config
 from .database import Database, is_baseline
 from . import dynamic
+from .dispatch_rank import UNTUNED, ranking_for, read_rankings
 from .extract import Task, dynamic_base, dynamic_workloads, extract_tasks, upper_bounds
 from .prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
     backend_pipeline, bind_params, default_prepack, lower_for_tuning, lowering_passes)
 from .report import TaskReport
+from .search import candidate_key
 from .tune import tune_tasks
 from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target
 from .work_dir import check_work_dir, hinted_sizes, open_for_apply
@@ -243,6 +245,7 @@ class ApplyDatabase:
                         name, err)
             return None
         base = normalize_mod(dynamic_base(func))
+        rankings = read_rankings(self.work_dir)
         branches, tuned, kept = [], [], []
         for bucket, workload in specialised:
             try:
@@ -256,7 +259,8 @@ class ApplyDatabase:
             branch = None
             if not is_baseline(record):
                 branch = _bucket_branch(db, workload, target, base, record,
-                                        f"{name}[{bucket.label}]", dict(bucket.sizes))
+                                        f"{name}[{bucket.label}]", dict(bucket.sizes),
+                                        ranking_for(rankings, workload, dict(bucket.sizes)))
                 if branch is not None:
                     tuned.append(bucket.label)
             if branch is None:
@@ -309,13 +313,18 @@ BUCKET_ALTERNATIVES = 8
 
 
 def _bucket_branch(db: Database, workload: tvm.IRModule, target, base: tvm.IRModule,
-                   best, label: str, sizes: dict[str, int]) -> tirx.PrimFunc | None:
+                   best, label: str, sizes: dict[str, int],
+                   ranking: dict[str, float | None] | None = None) -> tirx.PrimFunc | None:
     """The bucket's fastest schedule that replays on the symbolic function ``base``; None
     (the untuned function serves the bucket) when none faster than the untuned one does.
 
-    Not every static schedule survives symbolic extents: a reduction split by a factor
-    that does not divide ``n`` (rfactor) is no longer quasi-affine, and TVM refuses to
-    decompose it; the next fastest record is tried then."""
+    Fastest as dispatched when the bucket was ranked (``ranking``, from
+    ``dispatch_rank.ranking_for``): its records in the order of their ranked times, a
+    record that failed there skipped, and the untuned function when it ranked first;
+    the records not ranked follow in static order. Not every static schedule survives
+    symbolic extents: a reduction split by a factor that does not divide ``n`` (rfactor)
+    is no longer quasi-affine, and TVM refuses to decompose it; the next record is tried
+    then."""
     records = [best]
     try:
         if db.has_workload(workload):
@@ -324,6 +333,10 @@ def _bucket_branch(db: Database, workload: tvm.IRModule, target, base: tvm.IRMod
                         if r.trace_json != best.trace_json]
     except Exception as err:  # a database without top-k: the best record only
         logger.debug("%s: no alternative records (%s)", label, err)
+    if ranking:
+        records = _ranked_order(records, ranking, label)
+        if not records:
+            return None
     errors = []
     for record in records[:BUCKET_ALTERNATIVES]:
         if is_baseline(record):
@@ -337,6 +350,24 @@ def _bucket_branch(db: Database, workload: tvm.IRModule, target, base: tvm.IRMod
                    "(%s); the untuned function serves its sizes", label, len(errors),
                    "; ".join(errors[:2]))
     return None
+
+
+def _ranked_order(records: list, ranking: dict[str, float | None], label: str) -> list:
+    """``records`` (static order) reordered by their times as dispatched: the ranked ones
+    faster than the untuned function, fastest first, then the unranked ones; a record that
+    failed as dispatched is dropped. Empty when the untuned function ranked first."""
+    untuned = ranking.get(UNTUNED)
+    ranked, unranked = [], []
+    for record in records:
+        key = candidate_key(record.trace_json)
+        if key not in ranking:
+            unranked.append(record)
+        elif ranking[key] is not None and (untuned is None or ranking[key] < untuned):
+            ranked.append((ranking[key], record))
+    if not ranked and untuned is not None:  # the unranked ones were slower statically
+        logger.info("%s: the untuned function is the fastest as dispatched", label)
+        return []
+    return [r for _, r in sorted(ranked, key=lambda x: x[0])] + unranked
 
 
 def _with_attrs_of(new: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -35,6 +35,10 @@ logger = logging.getLogger("relax_tune.tune")
 BASELINE_KEY = candidate_key(BASELINE_TRACE)
 """The candidate key of the baseline record (``database.BASELINE_TRACE``)."""
 
+RANKING_SHARE = 0.2
+"""Share of ``max_time`` kept for ranking the dynamic-shape buckets' records as dispatched
+(``dispatch_rank``), when there are such buckets."""
+
 __all__ = ["BASELINE_KEY", "TaskReport", "tune_relax", "tune_tasks", "tune_tir"]
 
 
@@ -105,6 +109,12 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
     the fastest candidate. The whole measurement protocol (these two, the early cut of slow
     candidates, the baseline's timing) is ``relax_tune.measure.measurer.Measurer``.
 
+    Dynamic shapes (``dispatch_ranking``, with a work_dir): after the search, each bucket's
+    few fastest records are timed again as ``ApplyDatabase`` runs them, replayed on the
+    symbolic function, and the fastest there is the one applied
+    (``relax_tune.dispatch_rank``); with ``max_time``, the last ``RANKING_SHARE`` of it is
+    kept for that.
+
     Returns one ``TaskReport`` per task, in the order given.
     """
     cfg = make_config(config, **options)
@@ -126,7 +136,11 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
     remaining = max(0, cfg.max_trials_global - sum(st.report.trials for st in states))
     progress = Progress(remaining, logs_dir(work_dir) if work_dir else None,
                         enable_bar=cfg.progress_bar)
-    deadline = None if cfg.max_time is None else time.monotonic() + cfg.max_time
+    start = time.monotonic()
+    ranking = cfg.dispatch_ranking if work_dir is not None else 0
+    ranks = ranking > 0 and any(t.symbolic is not None for t in tasks)
+    deadline = None if cfg.max_time is None else \
+        start + cfg.max_time * (1 - RANKING_SHARE if ranks else 1)
     if remaining > 0 and any(st.report.trials < per_task for st in states):
         measurer.start()  # worker start-up overlaps the first build
     try:
@@ -138,7 +152,9 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
         rounds_since_table = 0
         while remaining > 0:
             if deadline is not None and time.monotonic() >= deadline:
-                logger.info("max_time of %.0f s reached; stopping", cfg.max_time)
+                logger.info("max_time of %.0f s reached%s; stopping the search",
+                            cfg.max_time, " (less the share kept for ranking the "
+                            "dynamic-shape buckets)" if ranks else "")
                 for st in states:
                     if st.progress.active:
                         st.report.status = "time"
@@ -167,6 +183,9 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
             if rounds_since_table >= sum(1 for t in states if t.progress.active) > 0:
                 progress.table([t.report for t in states])
                 rounds_since_table = 0
+        if ranks:
+            _rank_dispatch(tasks, db, measurer, work_dir, ranking,  # type: ignore[arg-type]
+                           None if cfg.max_time is None else start + cfg.max_time)
     finally:
         if model is not None and work_dir is not None:
             try:  # the next run on this work_dir starts from this model
@@ -183,6 +202,19 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
         if cfg.runner is None:
             runner.shutdown()
     return [st.report for st in states]
+
+
+def _rank_dispatch(tasks: Sequence[Task], db: Database, measurer: Measurer, work_dir: str,
+                   per_bucket: int, deadline: float | None) -> None:
+    """Rank the dynamic-shape buckets' records as dispatched (``dispatch_rank``); a failure
+    there is logged and leaves the records as they are."""
+    from .dispatch_rank import rank_buckets
+
+    try:
+        rank_buckets(tasks, db, measurer, work_dir, per_bucket, deadline)
+    except Exception:  # the records are written already; ApplyDatabase falls back on them
+        logger.exception("ranking the dynamic-shape buckets' records failed; each bucket "
+                         "runs its fastest static record")
 
 
 def _warn_untried(states: list[_TaskState], max_time: float) -> None:

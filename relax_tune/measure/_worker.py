@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from .. import dynamic
 from ..database import is_baseline
 from ..space.gpu.compile import ensure_cuda_compiler
 from ..space.layout_rewrite import measurable_module
@@ -89,17 +90,29 @@ def build_candidate(digest: str, script: str, target_json: str, trace_json: str 
                     out_path: str, link: str = "") -> tuple[str | None, float]:
     """Replay ``trace_json`` (plain-JSON trace; None or the empty trace: the task's
     baseline, the workload as it is or a GPU target's default schedule,
-    ``baseline.baseline_module``) on the workload, compile it for the target and export it to ``out_path`` (a ``.so`` exposing
-    ``main``). ``link`` (``cross.link_mode``): "" links with the host compiler, "tar" writes
-    an archive of object files (``out_path`` ends in ``.tar``), anything else is the
-    compiler that links. Returns ``(error or None, seconds spent)``."""
+    ``baseline.baseline_module``) on the workload, compile it for the target and export it
+    to ``out_path`` (a ``.so`` exposing ``main``). A symbolic workload marked by
+    ``dynamic.dispatch_workload`` is built as its bucket's dispatch instead. ``link``
+    (``cross.link_mode``): "" links with the host compiler, "tar" writes an archive of
+    object files (``out_path`` ends in ``.tar``), anything else is the compiler that
+    links. Returns ``(error or None, seconds spent)``."""
     start = time.perf_counter()
     stage = "parse workload"
     try:
         mod = _workload(digest, script)
         target = _target(target_json)
         trace = None if trace_json is None else json.loads(trace_json)
-        if trace is not None and not is_baseline(trace):
+        if trace is not None and is_baseline(trace):
+            trace = None
+        stage = "replay trace on the symbolic function"
+        try:  # a bucket's dispatch (dynamic.dispatch_workload), or None
+            dispatch = dynamic.dispatch_module(mod, trace)
+        except Exception as err:  # noqa: BLE001 - ScheduleError, TVMError, ...
+            return ("does not replay on the symbolic function: " + short_error(err),
+                    time.perf_counter() - start)
+        if dispatch is not None:
+            mod = dispatch
+        elif trace is not None:
             stage = "replay trace"
             try:
                 sch = schedule_from_json(mod, trace)
