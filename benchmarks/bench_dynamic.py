@@ -178,6 +178,8 @@ def bench_model(name: str, args, target, root: str) -> tuple[list[str], bool]:
 
     work_dir = os.path.join(root, f"{name}_work")
     options = dict(max_time=args.max_time) if args.max_time else {}
+    if args.dispatch_ranking is not None:
+        options["dispatch_ranking"] = args.dispatch_ranking
     start = time.perf_counter()
     tuned_ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
         "relax_tune", target=target, work_dir=work_dir, max_trials_global=budget,
@@ -237,6 +239,9 @@ def main() -> int:
                         help="budget = this x the number of tasks (tasks are per size)")
     parser.add_argument("--trials", type=int, default=None, help="absolute budget instead")
     parser.add_argument("--max-time", type=float, default=None, metavar="SECONDS")
+    parser.add_argument("--dispatch-ranking", type=int, default=None, metavar="N",
+                        help="records per dynamic-shape bucket timed as dispatched after "
+                             "the search (TuneConfig.dispatch_ranking; 0: off)")
     parser.add_argument("--small", action="store_true", help="reduced models (smoke run)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=7)

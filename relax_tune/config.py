@@ -50,7 +50,8 @@ class TuneConfig:
     dispatch_ranking: after the search, this many fastest records of each dynamic-shape
         bucket are timed again as ``ApplyDatabase`` runs them (replayed on the symbolic
         function) and the fastest there is the one applied (``relax_tune.dispatch_rank``;
-        needs a work_dir). 0: off, the fastest static record is applied.
+        needs a work_dir). 0 (default): off, the fastest static record is applied. It costs
+        a symbolic build per record (3 per bucket: ~300 s on the Llama block's 70 tasks).
     builder: a ``relax_tune.measure`` builder (None: a ``LocalBuilder`` per session).
     runner: a ``relax_tune.measure`` runner (None: a ``LocalRunner`` per session).
     """
@@ -71,7 +72,7 @@ class TuneConfig:
     head_to_head_rounds: int = 3
     progress_bar: bool | None = None
     shape_hints: Any = None
-    dispatch_ranking: int = 3
+    dispatch_ranking: int = 0
     builder: Any = None
     runner: Any = None
 

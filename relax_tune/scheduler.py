@@ -28,6 +28,9 @@ class TaskProgress:
             nothing valid was measured).
         rounds: batches the task got in this run.
         active: False once the task hit its budget, converged or exhausted its space.
+        scale: what one second of the task's latency is worth: 1 over the estimated model
+            time at the task's own size (``tune._shares``; 1.0 when all tasks are static,
+            where only the order of tasks matters).
     """
 
     weight: int
@@ -35,6 +38,7 @@ class TaskProgress:
     best_per_round: list[float] = field(default_factory=list)
     rounds: int = 0
     active: bool = True
+    scale: float = 1.0
 
 
 class TaskScheduler:
@@ -75,8 +79,9 @@ class GradientScheduler(TaskScheduler):
     For a task with best latencies ``b`` per round, the expected gain of one more round is
     ``alpha * (b[-1-w] - b[-1]) / w + (1 - alpha) * b[-1] / len(b)``: the recent
     improvement per round (backward window ``w``) blended with an optimistic share of the
-    current latency; times the task's weight. A task with nothing valid measured yet comes
-    first. Ties are broken at random (seeded).
+    current latency; times the task's weight and its ``scale`` (so a dynamic-shape bucket's
+    gain counts relative to the model's time at its own size). A task with nothing valid
+    measured yet comes first. Ties are broken at random (seeded).
     """
 
     name = "gradient"
@@ -93,7 +98,8 @@ class GradientScheduler(TaskScheduler):
         w = self.window
         backward = (best[-1 - w] - best[-1]) / w if len(best) > w else 0.0
         optimistic = best[-1] / len(best)
-        return task.weight * (self.alpha * backward + (1 - self.alpha) * optimistic)
+        return task.scale * task.weight * (self.alpha * backward +
+                                           (1 - self.alpha) * optimistic)
 
     def _pick(self, tasks: Sequence[TaskProgress], active: list[int]) -> int:
         gains = {i: self.gain(tasks[i]) for i in active}

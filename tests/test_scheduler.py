@@ -168,3 +168,25 @@ def test_sigkill_during_tuning_then_resume_loses_nothing(tmp_path):
     # the records on disk (one is the baseline) counted against the budget of
     # len(complete) + 2 trials: three new ones
     assert len(after) == len(complete) + 3
+
+
+def test_first_round_counts_each_hinted_size_evenly(target, tmp_path):
+    """Buckets of dynamic-shape functions are ranked by their share of the model's time at
+    their own size: with budget for two first batches, the n=1024 matmul goes first and a
+    bucket at n=1 second, not the n=1024 elementwise (which is slower than every n=1
+    kernel in absolute terms, and came second by absolute untuned time)."""
+    from tvm import te, tirx, topi
+
+    n = tirx.Var("n", "int64")
+    a, b = te.placeholder((n, 64), name="A"), te.placeholder((64, 48), name="B")
+    x = te.placeholder((n, 40), name="X")
+    mod = tvm.IRModule({
+        "mm": te.create_prim_func([a, b, topi.matmul(a, b)]),
+        "ew": te.create_prim_func([x, te.compute((n, 40), lambda i, j: x[i, j] * 2.0 + 1.0)])})
+    tasks = rt.extract_tasks(mod, target, shape_hints={"n": [1, 1024]})
+    assert len(tasks) == 4
+    reports = rt.tune_tasks(tasks, str(tmp_path / "w"), max_trials_global=2,
+                            num_trials_per_iter=1, progress_bar=False, head_to_head_rounds=0)
+    tried = sorted(r.task_name for r in reports if r.trials)
+    assert "mm[n=1024]" in tried, tried
+    assert any(name.endswith("[n=1]") for name in tried), tried
