@@ -244,8 +244,16 @@ def _volume(bucket: Bucket) -> int:
 def symbolic_trace_json(trace_json: list) -> list:
     """A static record's trace made replayable on the symbolic function: every
     ``SamplePerfectTile`` is removed and the splits that used it get its decided factors
-    as literals, the outermost as ``None`` (ceil-divided: predicated tiles on a symbolic
-    loop, exactly the decided tiles on a static one)."""
+    as literals, one as ``None`` (ceil-divided: predicated tiles on a symbolic loop,
+    exactly the decided tiles on a static one, wherever the ``None`` is).
+
+    The ``None`` is the outermost factor above 1 but the innermost (``variable_factor``):
+    a row split ``[1, 64, 2, 2]`` at n=256 becomes ``[1, None, 2, 2]``, so that at n=300
+    the 64 grows to 75 instead of a second outer tile of 44 rows being added. The outer
+    factors are usually fused into the parallel loop, whose iterations the runtime deals
+    out to the threads in contiguous chunks: with ``[None, 64, 2, 2]`` one thread got the
+    whole first tile and the other the 44 rows (BERT's FFN at n=300 on bucket 256's
+    record: 2x its time at 256, 2 cores)."""
     insts, decisions = trace_json
     decided = {int(i): d for i, d in decisions}
     subst: dict[str, object] = {}
@@ -253,14 +261,21 @@ def symbolic_trace_json(trace_json: list) -> list:
     new_index: dict[int, int] = {}
     for index, (kind, inputs, attrs, outputs) in enumerate(insts):
         if kind == "SamplePerfectTile":
-            factors = list(decided[index])
+            factors = [int(f) for f in decided[index]]
             subst.update(zip(outputs, factors))
-            subst[outputs[0]] = "None"
+            subst[outputs[variable_factor(factors)]] = "None"
             continue
         new_index[index] = len(kept)
         kept.append([kind, [subst.get(x, x) if isinstance(x, str) else x for x in inputs],
                      attrs, outputs])
     return [kept, [[new_index[int(i)], d] for i, d in decisions if int(i) in new_index]]
+
+
+def variable_factor(factors: Sequence[int]) -> int:
+    """Which of a tile's decided ``factors`` (outermost first) becomes the ceil-divided one
+    on symbolic replay (``symbolic_trace_json``): the outermost above 1 other than the
+    innermost (which stays a constant: vectorised, unrolled), else the outermost."""
+    return next((i for i, f in enumerate(factors[:-1]) if f > 1), 0)
 
 
 def replay_symbolic(mod: tvm.IRModule, trace_json: list,
