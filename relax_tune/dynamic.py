@@ -241,41 +241,65 @@ def _volume(bucket: Bucket) -> int:
 # ------------------------------------------------------------------------------------------
 # Replaying a static trace on the symbolic function
 
-def symbolic_trace_json(trace_json: list) -> list:
+def symbolic_trace_json(trace_json: list, variable: Mapping[int, int] | None = None) -> list:
     """A static record's trace made replayable on the symbolic function: every
     ``SamplePerfectTile`` is removed and the splits that used it get its decided factors
     as literals, one as ``None`` (ceil-divided: predicated tiles on a symbolic loop,
-    exactly the decided tiles on a static one, wherever the ``None`` is).
+    exactly the decided tiles on a static one, wherever the ``None`` is): the outermost,
+    or the one ``variable`` names (``{index of the SamplePerfectTile: factor position}``,
+    ``parallel_variable_factors``)."""
+    return _symbolic_trace(trace_json, variable or {})[0]
 
-    The ``None`` is the outermost factor above 1 but the innermost (``variable_factor``):
-    a row split ``[1, 64, 2, 2]`` at n=256 becomes ``[1, None, 2, 2]``, so that at n=300
-    the 64 grows to 75 instead of a second outer tile of 44 rows being added. The outer
-    factors are usually fused into the parallel loop, whose iterations the runtime deals
-    out to the threads in contiguous chunks: with ``[None, 64, 2, 2]`` one thread got the
-    whole first tile and the other the 44 rows (BERT's FFN at n=300 on bucket 256's
-    record: 2x its time at 256, 2 cores)."""
+
+def _symbolic_trace(trace_json: list, variable: Mapping[int, int]
+                    ) -> tuple[list, dict[int, int]]:
+    """``symbolic_trace_json`` and ``{position of a Split in it: index of the
+    SamplePerfectTile whose factors it uses}``."""
     insts, decisions = trace_json
     decided = {int(i): d for i, d in decisions}
     subst: dict[str, object] = {}
+    sample_of: dict[str, int] = {}
     kept: list[list] = []
     new_index: dict[int, int] = {}
+    splits: dict[int, int] = {}
     for index, (kind, inputs, attrs, outputs) in enumerate(insts):
         if kind == "SamplePerfectTile":
             factors = [int(f) for f in decided[index]]
             subst.update(zip(outputs, factors))
-            subst[outputs[variable_factor(factors)]] = "None"
+            subst[outputs[variable.get(index, 0)]] = "None"
+            sample_of.update((out, index) for out in outputs)
             continue
+        if kind == "Split" and any(isinstance(x, str) and x in sample_of for x in inputs[1:]):
+            splits[len(kept)] = next(sample_of[x] for x in inputs[1:]
+                                     if isinstance(x, str) and x in sample_of)
         new_index[index] = len(kept)
         kept.append([kind, [subst.get(x, x) if isinstance(x, str) else x for x in inputs],
                      attrs, outputs])
-    return [kept, [[new_index[int(i)], d] for i, d in decisions if int(i) in new_index]]
+    return [kept, [[new_index[int(i)], d] for i, d in decisions if int(i) in new_index]], splits
 
 
-def variable_factor(factors: Sequence[int]) -> int:
-    """Which of a tile's decided ``factors`` (outermost first) becomes the ceil-divided one
-    on symbolic replay (``symbolic_trace_json``): the outermost above 1 other than the
-    innermost (which stays a constant: vectorised, unrolled), else the outermost."""
-    return next((i for i, f in enumerate(factors[:-1]) if f > 1), 0)
+def parallel_variable_factors(factors_of: Mapping[int, Sequence[int]],
+                              parallel: Mapping[int, set[int]]) -> dict[int, int]:
+    """Per tile (``factors_of``: ``{SamplePerfectTile index: decided factors}``), the factor
+    to ceil-divide on replay when not the outermost: the outermost factor above 1 among those whose loops are fused into a
+    parallel loop (``parallel``: ``{SamplePerfectTile index: factor positions}``), never the
+    innermost (vectorised, unrolled).
+
+    A row tile ``[1, 64, 2, 2]`` decided at n=256, with its first two loops in the parallel
+    loop, becomes ``[1, None, 2, 2]``: at n=300 the 64 grows to 75 instead of a second
+    outer tile of 44 rows being added. The parallel loop's iterations go to the threads in
+    contiguous chunks, so with ``[None, 64, 2, 2]`` one thread ran the whole first tile and
+    the other the 44 rows (BERT's FFN at n=300 on bucket 256's record: 12.3 ms against
+    6.4 ms at 256, 2 cores). A factor outside the parallel loop stays constant: there it is
+    a register or cache tile (made symbolic, the Llama block ran 1.35x slower at n=16)."""
+    out = {}
+    for index, positions in parallel.items():
+        factors = factors_of[index]
+        at = next((k for k in sorted(positions) if k < len(factors) - 1 and factors[k] > 1),
+                  None)
+        if at is not None and at > 0:
+            out[index] = at
+    return out
 
 
 def replay_symbolic(mod: tvm.IRModule, trace_json: list,
@@ -293,27 +317,20 @@ def replay_symbolic(mod: tvm.IRModule, trace_json: list,
     loop stays a plain loop. ``full_tiles=False`` leaves the predicates in place (tuning
     only asks whether a candidate replays; unswitching never fails)."""
     finish = _finish if full_tiles else (lambda func: func)
+    sym, splits = _symbolic_trace(trace_json, {})
     sch = Schedule(mod, error_render_level="none")
     # Raises, e.g., for an rfactor of a reduction over n split by a factor that does not
     # divide n: TVM refuses to decompose its init (not quasi-affine), and rightly so, since
     # without the decomposition the rfactor slots past n would never be initialised.
-    Trace.apply_json_to_schedule(symbolic_trace_json(trace_json), sch)
+    Trace.apply_json_to_schedule(sym, sch)
+    symbolic, parallel = _probe(mod, sch.trace, splits)
+    decided = {int(i): [int(f) for f in d] for i, d in trace_json[1]
+               if trace_json[0][int(i)][0] == "SamplePerfectTile"}
+    variable = parallel_variable_factors(decided, parallel)
+    if variable:
+        sch = Schedule(mod, error_render_level="none")
+        Trace.apply_json_to_schedule(_symbolic_trace(trace_json, variable)[0], sch)
     trace = sch.trace
-    symbolic: dict[int, object] = {}  # position of a Vectorize on a symbolic loop: extent
-    position = [0]
-
-    def inspect(inst, inputs, _attrs, decision):
-        # called before each instruction is applied, in trace order, on ``probe``
-        if inst.kind.name == "Vectorize":
-            extent = probe.get(inputs[0]).extent
-            if not isinstance(extent, tirx.IntImm):
-                symbolic[position[0]] = extent
-        position[0] += 1
-        return decision
-
-    # One pass on a fresh schedule finds the Vectorize instructions on symbolic loops.
-    probe = Schedule(mod, error_render_level="none")
-    trace.apply_to_schedule(probe, remove_postproc=False, decision_provider=inspect)
     if not symbolic:
         return finish(sch.mod["main"])
     tiles = {at: vector_tile(extent, mod["main"], sizes) for at, extent in symbolic.items()}
@@ -324,6 +341,80 @@ def replay_symbolic(mod: tvm.IRModule, trace_json: list,
     Trace.apply_json_to_schedule(_mark_vector_tiles(trace_to_json(trace), tiles), final)
     _split_vector_tiles(final)
     return finish(final.mod["main"])
+
+
+def _probe(mod: tvm.IRModule, trace, splits: Mapping[int, int]
+           ) -> tuple[dict[int, object], dict[int, set[int]]]:
+    """Replay ``trace`` (a symbolic replay's) once more on a fresh schedule, watching it:
+    ``({position of a Vectorize on a symbolic loop: its extent}, {index of a
+    SamplePerfectTile: positions of its factors whose loops end up in a parallel loop})``.
+    ``splits``: ``{position of a Split: the SamplePerfectTile it uses}``."""
+    symbolic: dict[int, object] = {}
+    split_loops: dict[int, list[int]] = {}  # tile: its split's loop vars, outermost first
+    fused_from: dict[int, list[int]] = {}  # a fused loop var: the loop vars it fused
+    in_parallel: set[int] = set()
+    state: dict = {"position": 0, "pending": None}
+    probe = Schedule(mod, error_render_level="none")
+
+    def settle() -> None:  # what the instruction before did, now that it is applied
+        pending, state["pending"] = state["pending"], None
+        if pending is None:
+            return
+        kind, key, before = pending
+        new = _new_loops_outer_first(probe.mod["main"], before)
+        if kind == "Split":
+            split_loops[key] = new
+        elif new:
+            fused_from[new[0]] = key
+
+    def inspect(inst, inputs, _attrs, decision):
+        # called before each instruction is applied, in trace order
+        settle()
+        name, position = inst.kind.name, state["position"]
+        if name == "Vectorize":
+            extent = probe.get(inputs[0]).extent
+            if not isinstance(extent, tirx.IntImm):
+                symbolic[position] = extent
+        elif name == "Split" and position in splits:
+            state["pending"] = ("Split", splits[position], set(_loop_vars(probe.mod["main"])))
+        elif name == "Fuse":
+            state["pending"] = ("Fuse", [_identity(probe.get(rv).loop_var) for rv in inputs],
+                                set(_loop_vars(probe.mod["main"])))
+        elif name == "Parallel":
+            todo = [_identity(probe.get(inputs[0]).loop_var)]
+            while todo:
+                var = todo.pop()
+                in_parallel.add(var)
+                todo += fused_from.get(var, [])
+        state["position"] = position + 1
+        return decision
+
+    trace.apply_to_schedule(probe, remove_postproc=False, decision_provider=inspect)
+    settle()
+    parallel = {tile: {k for k, v in enumerate(loops) if v in in_parallel}
+                for tile, loops in split_loops.items()}
+    return symbolic, {tile: ks for tile, ks in parallel.items() if ks}
+
+
+def _loops(stmt) -> list:
+    found: list = []
+    tvm_ffi.structural_walk(stmt, [(tirx.For, found.append)])
+    return found
+
+
+def _loop_vars(func: tirx.PrimFunc) -> list[int]:
+    """The loop variables (``_identity``) of ``func``."""
+    return [_identity(f.loop_var) for f in _loops(func.body)]
+
+
+def _new_loops_outer_first(func: tirx.PrimFunc, before: set[int]) -> list[int]:
+    """The loop variables of ``func`` not in ``before`` (the loops a Split or Fuse just
+    made, one nest), outermost first: a loop holds every new loop inside it."""
+    new = [f for f in _loops(func.body) if _identity(f.loop_var) not in before]
+    inside = {_identity(f.loop_var): sum(1 for g in _loops(f.body)
+                                         if _identity(g.loop_var) not in before)
+              for f in new}
+    return sorted(inside, key=lambda v: -inside[v])
 
 
 VECTOR_TILE_KEY = "relax_tune.vector_tile"

@@ -402,28 +402,32 @@ def test_full_tile_test_stays_inside_an_intermediates_tile_loop(target):
         _run_at(lib, func, lambda a, b: (a @ b.T) * 0.25, size, rng)
 
 
-def test_replayed_tile_grows_its_outermost_real_factor(target):
-    """A row tile decided as [1, 4, 2] at n=8 replays on n as [1, ceil(n/2), 2]: the
-    parallel loop has ceil(n/2) iterations at any n, dealt evenly to the threads (with
-    the outermost factor ceil-divided it had ceil(n/8) * 4: at n=9 a second outer tile,
-    mostly empty, on one thread). The innermost factor stays constant; correct at every
-    size."""
+def test_replayed_tile_grows_its_parallel_factor(target):
+    """A row tile decided as [1, 2, 2, 2] at n=8 whose two outer loops are fused into the
+    parallel loop replays on n as [1, ceil(n/4), 2, 2]: the parallel loop has ceil(n/4)
+    iterations at any n, dealt evenly to the threads (with the outermost factor
+    ceil-divided it had ceil(n/8) * 2: at n=9 a second outer tile, mostly empty, on one
+    thread). A factor outside the parallel loop, or the innermost, stays constant; correct
+    at every size."""
     tensors, ref = _zoo("matmul")
     func = te.create_prim_func(tensors)
     static = normalize_mod(dynamic.specialize(func, {"n": 8}))
     sch = tvm.s_tir.Schedule(static)
     block = sch.get_sblock("T_matmul")
     i, _, _ = sch.get_loops(block)
-    factors = sch.sample_perfect_tile(i, n=3, decision=[1, 4, 2])
-    i0, i1, _ = sch.split(i, factors)
+    factors = sch.sample_perfect_tile(i, n=4, decision=[1, 2, 2, 2])
+    i0, i1, _, _ = sch.split(i, factors)
     sch.parallel(sch.fuse(i0, i1))
     trace = trace_to_json(sch.trace)
-    assert [dynamic.variable_factor(f) for f in ([1, 4, 2], [2, 4, 2], [1, 1, 8], [1])] == \
-        [1, 0, 0, 0]
+    pick = dynamic.parallel_variable_factors
+    assert pick({5: [1, 4, 2]}, {5: {0, 1}}) == {5: 1}
+    assert pick({5: [1, 4, 2]}, {5: {0}}) == {}  # the 4 is not in the parallel loop
+    assert pick({5: [1, 1, 8]}, {5: {0, 1, 2}}) == {}  # the innermost stays constant
+    assert pick({5: [2, 4, 2]}, {5: {0, 1}}) == {}  # the outermost already varies
     replayed = dynamic.replay_symbolic(normalize_mod(func), trace, {"n": 8})
     loop = replayed.body.block.body
     assert loop.kind == tirx.ForKind.PARALLEL
-    assert str(loop.extent) == "(n + T.int64(1)) // T.int64(2)", loop.extent
+    assert str(loop.extent) == "(n + T.int64(3)) // T.int64(4)", loop.extent
     lib = tvm.compile(tvm.IRModule({"main": replayed.with_attr("global_symbol", "main")}),
                       target)
     rng = np.random.default_rng(11)
