@@ -354,13 +354,22 @@ def _probe(mod: tvm.IRModule, trace, splits: Mapping[int, int]
     fused_from: dict[int, list[int]] = {}  # a fused loop var: the loop vars it fused
     in_parallel: set[int] = set()
     state: dict = {"position": 0, "pending": None}
+    # Loop identities are object handles: every loop seen is kept alive, so that no later
+    # loop can be allocated at a handle already recorded.
+    seen: list = []
     probe = Schedule(mod, error_render_level="none")
+
+    def loops_now() -> set[int]:
+        loops = _loops(probe.mod["main"].body)
+        seen.extend(loops)
+        return {_identity(f.loop_var) for f in loops}
 
     def settle() -> None:  # what the instruction before did, now that it is applied
         pending, state["pending"] = state["pending"], None
         if pending is None:
             return
         kind, key, before = pending
+        loops_now()
         new = _new_loops_outer_first(probe.mod["main"], before)
         if kind == "Split":
             split_loops[key] = new
@@ -376,10 +385,10 @@ def _probe(mod: tvm.IRModule, trace, splits: Mapping[int, int]
             if not isinstance(extent, tirx.IntImm):
                 symbolic[position] = extent
         elif name == "Split" and position in splits:
-            state["pending"] = ("Split", splits[position], set(_loop_vars(probe.mod["main"])))
+            state["pending"] = ("Split", splits[position], loops_now())
         elif name == "Fuse":
             state["pending"] = ("Fuse", [_identity(probe.get(rv).loop_var) for rv in inputs],
-                                set(_loop_vars(probe.mod["main"])))
+                                loops_now())
         elif name == "Parallel":
             todo = [_identity(probe.get(inputs[0]).loop_var)]
             while todo:
@@ -400,11 +409,6 @@ def _loops(stmt) -> list:
     found: list = []
     tvm_ffi.structural_walk(stmt, [(tirx.For, found.append)])
     return found
-
-
-def _loop_vars(func: tirx.PrimFunc) -> list[int]:
-    """The loop variables (``_identity``) of ``func``."""
-    return [_identity(f.loop_var) for f in _loops(func.body)]
 
 
 def _new_loops_outer_first(func: tirx.PrimFunc, before: set[int]) -> list[int]:
