@@ -11,9 +11,10 @@ cannot be scheduled for one size. relax_tune handles it in two halves:
   signature whose body is an ``if n <= l1 ... elif n <= l2 ... else`` chain, ``l`` the
   limits between neighbouring buckets (``upper_limit``: nearest bucket on a log scale).
   Branch ``b`` is the best trace of the size-``b`` task replayed on the *symbolic*
-  function (``replay_symbolic``): tile sizes become fixed split factors with a
-  ceil-divided outer loop, so the tiles are predicated and the branch is correct at every
-  size, tuned for ``b``; full tiles run without their predicates
+  function (``replay_symbolic``): tile sizes become fixed split factors but one, which is
+  ceil-divided (the outermost, or the one fused into the parallel loop,
+  ``parallel_variable_factors``), so the tiles are predicated and the branch is correct at
+  every size, tuned for ``b``; full tiles run without their predicates
   (``unswitch_partial_tiles``), and a loop the bucket vectorised whole is vectorised in
   tiles (``vector_tile``). Sizes above the largest bucket run the untuned function. A
   bucket whose best record is its baseline (the untuned function) runs the untuned body:
