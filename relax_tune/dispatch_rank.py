@@ -16,6 +16,7 @@ fastest static record runs, as before.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -95,9 +96,9 @@ def rank_buckets(tasks: Sequence[Any], db: Database, measurer: Any, work_dir: st
     todo = []
     for task in dyn:
         workload = db.commit_workload(task.mod)
-        records = [r for r in db.get_top_k(workload, per_bucket + 1, task.target)]
-        records = records[:next((i for i, r in enumerate(records) if is_baseline(r)),
-                                len(records))][:per_bucket]
+        faster = itertools.takewhile(lambda r: not is_baseline(r),
+                                     db.get_top_k(workload, per_bucket, task.target))
+        records = list(faster)
         if not records:
             continue  # no tuned record beats the untuned function: nothing to choose
         scores = rankings.get(_bucket_id(task.shash, task.shape), {}).get("scores", {})

@@ -360,18 +360,17 @@ def _probe(mod: tvm.IRModule, trace, splits: Mapping[int, int]
     seen: list = []
     probe = Schedule(mod, error_render_level="none")
 
-    def loops_now() -> set[int]:
+    def loops_now() -> list:
         loops = _loops(probe.mod["main"].body)
         seen.extend(loops)
-        return {_identity(f.loop_var) for f in loops}
+        return loops
 
     def settle() -> None:  # what the instruction before did, now that it is applied
         pending, state["pending"] = state["pending"], None
         if pending is None:
             return
         kind, key, before = pending
-        loops_now()
-        new = _new_loops_outer_first(probe.mod["main"], before)
+        new = _new_loops_outer_first(loops_now(), before)
         if kind == "Split":
             split_loops[key] = new
         elif new:
@@ -386,10 +385,10 @@ def _probe(mod: tvm.IRModule, trace, splits: Mapping[int, int]
             if not isinstance(extent, tirx.IntImm):
                 symbolic[position] = extent
         elif name == "Split" and position in splits:
-            state["pending"] = ("Split", splits[position], loops_now())
+            state["pending"] = ("Split", splits[position], _loop_ids(loops_now()))
         elif name == "Fuse":
             state["pending"] = ("Fuse", [_identity(probe.get(rv).loop_var) for rv in inputs],
-                                loops_now())
+                                _loop_ids(loops_now()))
         elif name == "Parallel":
             todo = [_identity(probe.get(inputs[0]).loop_var)]
             while todo:
@@ -412,10 +411,15 @@ def _loops(stmt) -> list:
     return found
 
 
-def _new_loops_outer_first(func: tirx.PrimFunc, before: set[int]) -> list[int]:
-    """The loop variables of ``func`` not in ``before`` (the loops a Split or Fuse just
-    made, one nest), outermost first: a loop holds every new loop inside it."""
-    new = [f for f in _loops(func.body) if _identity(f.loop_var) not in before]
+def _loop_ids(loops: list) -> set[int]:
+    return {_identity(f.loop_var) for f in loops}
+
+
+def _new_loops_outer_first(loops: list, before: set[int]) -> list[int]:
+    """The loop variables of ``loops`` (a function's, ``_loops``) not in ``before`` (the
+    loops a Split or Fuse just made, one nest), outermost first: a loop holds every new
+    loop inside it."""
+    new = [f for f in loops if _identity(f.loop_var) not in before]
     inside = {_identity(f.loop_var): sum(1 for g in _loops(f.body)
                                          if _identity(g.loop_var) not in before)
               for f in new}

@@ -16,6 +16,7 @@ from tvm import te, tirx, topi
 
 import relax_tune as rt
 from relax_tune import dynamic
+from relax_tune.database import is_baseline
 from relax_tune.dispatch_rank import RANKING_FILE, UNTUNED, read_rankings
 from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.search import candidate_key
@@ -37,7 +38,7 @@ def _bucket_records(work_dir: str, size: int, target) -> list:
     db = open_for_apply(work_dir)
     workload = normalize_mod(dynamic.specialize(_matmul(), {"n": size}))
     records = db.get_top_k(db.commit_workload(workload), 32, target)
-    return [r for r in records if r.trace_json != [[], []]]
+    return [r for r in records if not is_baseline(r)]
 
 
 def _ranking_id(size: int) -> str:
