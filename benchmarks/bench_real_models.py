@@ -34,6 +34,9 @@ Rows per model:
   run in increasing order on ONE work_dir (resuming only adds trials), and "tune wall s" is
   the cumulative wall time of all compilations up to that row; ``--fresh`` tunes each budget
   in its own work_dir (wall time of that compilation alone).
+- ``relax_tune(prior)`` (``--prior-trials-per-task K ...``): the same pipeline with
+  ``cost_model="xgb-prior"`` (the shipped pre-trained model) in a work_dir of its own, so one
+  run compares few trials with the prior against more without it (issue 16).
 - ``relax_tune(time)`` (``--max-time S``): a fresh work_dir, ``max_time=S`` and a budget
   large enough not to bind first.
 
@@ -468,35 +471,45 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
         from relax_tune.measure import LocalRunner
         runner_option = {"runner": LocalRunner(enable_cpu_cache_flush=True, repeat=5)}
 
-    def relax_tune_compile(wd: str, budget: int, **kw):
+    def relax_tune_compile(wd: str, budget: int, cost_model: str = args.cost_model, **kw):
         return tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
             "relax_tune", target=target, work_dir=wd, max_trials_global=budget,
-            params=params, cost_model=args.cost_model, winograd=args.winograd,
+            params=params, cost_model=cost_model, winograd=args.winograd,
             **runner_option, **kw))
 
     direct = "" if args.winograd else "-direct"  # work_dir suffix: other tasks
-    cumulative = 0.0
-    last_wd = None
-    for budget in budgets:
-        tag = ("" if args.cost_model == "xgb" else f"-{args.cost_model}") \
+
+    def relax_tune_rows(cost_model: str, budgets: list[int], contender: str):
+        """One row per budget, tuned with ``cost_model`` (incremental on one work_dir unless
+        --fresh); returns the last work_dir that compiled."""
+        tag = ("" if cost_model == "xgb" else f"-{cost_model}") \
             + ("-flush" if args.cache_flush else "") + direct
-        wd = os.path.join(root, f"{name}-rt{tag}-{budget}" if args.fresh else f"{name}-rt{tag}")
-        log(f"{name}: relax_tune, {budget} trials"
-            + ("" if args.fresh else f" (resuming {wd})"))
-        start = time.perf_counter()
-        try:
-            ex = relax_tune_compile(wd, budget)
-            wall = time.perf_counter() - start
-            cumulative = wall if args.fresh else cumulative + wall
-            done = measured_trials(wd, tasks)
-            rows.append(tvm_row("relax_tune", f"{done}/{budget}", ex, inputs_np, cumulative))
-            last_wd = wd
-            log(f"  {wall:.0f} s (cumulative {cumulative:.0f} s)")
-        except Exception as err:
-            cumulative += time.perf_counter() - start
-            rows.append(Row("relax_tune", f"?/{budget}", None, tune_secs=cumulative,
-                            error=f"{type(err).__name__}: {err}"))
-            log(f"!!! {name}: relax_tune {budget} failed: {err}")
+        cumulative, last_wd = 0.0, None
+        for budget in budgets:
+            wd = os.path.join(root, f"{name}-rt{tag}-{budget}" if args.fresh
+                              else f"{name}-rt{tag}")
+            log(f"{name}: {contender} ({cost_model}), {budget} trials"
+                + ("" if args.fresh else f" (resuming {wd})"))
+            start = time.perf_counter()
+            try:
+                ex = relax_tune_compile(wd, budget, cost_model)
+                wall = time.perf_counter() - start
+                cumulative = wall if args.fresh else cumulative + wall
+                done = measured_trials(wd, tasks)
+                rows.append(tvm_row(contender, f"{done}/{budget}", ex, inputs_np, cumulative))
+                last_wd = wd
+                log(f"  {wall:.0f} s (cumulative {cumulative:.0f} s)")
+            except Exception as err:
+                cumulative += time.perf_counter() - start
+                rows.append(Row(contender, f"?/{budget}", None, tune_secs=cumulative,
+                                error=f"{type(err).__name__}: {err}"))
+                log(f"!!! {name}: {contender} {budget} failed: {err}")
+        return last_wd
+
+    last_wd = relax_tune_rows(args.cost_model, budgets, "relax_tune")
+    prior_budgets = [k * n_tasks for k in args.prior_trials_per_task if k > 0]
+    if prior_budgets:
+        relax_tune_rows("xgb-prior", prior_budgets, "relax_tune(prior)")
 
     if args.max_time:
         wd = os.path.join(root, f"{name}-rt-time{direct}")
@@ -656,6 +669,10 @@ def main() -> int:
     parser.add_argument("--cost-model", default="xgb",
                         help="relax_tune's cost model: xgb (session-only XGBoost, the default), "
                              "xgb-prior (the shipped pre-trained model), random, none")
+    parser.add_argument("--prior-trials-per-task", nargs="*", type=int, default=[],
+                        help="add relax_tune(prior) rows tuned with cost_model='xgb-prior' at "
+                             "these multiples of the task count, in their own work_dir (next to "
+                             "the --cost-model rows: the prior against no prior in one run)")
     parser.add_argument("--cache-flush", action="store_true",
                         help="relax_tune measures every candidate with cold caches for all "
                              "but its first argument (LocalRunner(enable_cpu_cache_flush=True)"
@@ -699,7 +716,9 @@ def main() -> int:
         f"{onnxruntime.__version__}; inputs {'small (--small)' if args.small else 'full size'};"
         f" batch 1, float32, random weights",
         f"relax_tune budgets: {'fresh work_dir each' if args.fresh else 'incremental, one work_dir'}"
-        f" (trials {args.trials or '-'}, per task {args.trials_per_task or '-'}"
+        f" (trials {args.trials or '-'}, per task {args.trials_per_task or '-'}, cost model "
+        f"{args.cost_model}"
+        f"{f'; with xgb-prior per task {args.prior_trials_per_task}' if args.prior_trials_per_task else ''}"
         f"{f', max_time {args.max_time:.0f} s' if args.max_time else ''})"
         f"{'; candidates timed with cold caches (--cache-flush)' if args.cache_flush else ''}",
         f"timing: {args.rounds} interleaved rounds, {args.pause} s pause, >= {args.min_secs} s "

@@ -83,11 +83,9 @@ def test_prior_ranks_held_out_workloads_better_than_random():
     assert np.mean([tau for _, tau, _, _ in results]) > 0.06
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped model, trained on 729 candidates measured "
-                   "on a loaded shared 2-core machine, ranks held-out workloads only weakly "
-                   "(tau ~0.1); a larger corpus measured on a quiet machine should pass this; "
-                   "strict: remove the mark then")
 def test_prior_ranks_held_out_workloads_better_than_random_by_a_clear_margin():
+    """Each held-out workload above 0.15 and above the best of 20 random rankings (the
+    shipped model trained on the quiet-machine corpus: tau +0.23 and +0.52 here)."""
     for name, tau, rand, _ in _prior_taus():
         assert tau > max(0.15, np.max(rand)), name  # 2.5 sigma of a random ranking
 
