@@ -482,7 +482,8 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     def relax_tune_rows(cost_model: str, budgets: list[int], contender: str):
         """One row per budget, tuned with ``cost_model`` (incremental on one work_dir unless
         --fresh); returns the last work_dir that compiled."""
-        tag = ("" if cost_model == "xgb" else f"-{cost_model}") \
+        tag = ("" if cost_model == "xgb-prior" else f"-{cost_model}") \
+            + ("" if contender == "relax_tune" else "-compare") \
             + ("-flush" if args.cache_flush else "") + direct
         cumulative, last_wd = 0.0, None
         for budget in budgets:
@@ -666,13 +667,13 @@ def main() -> int:
                         help="max |diff| / max |PyTorch output| above which a row is flagged")
     parser.add_argument("--work-root", default=None,
                         help="keep the work_dirs (and ONNX files) here instead of a temp dir")
-    parser.add_argument("--cost-model", default="xgb",
-                        help="relax_tune's cost model: xgb (session-only XGBoost, the default), "
-                             "xgb-prior (the shipped pre-trained model), random, none")
+    parser.add_argument("--cost-model", default="xgb-prior",
+                        help="relax_tune's cost model: xgb-prior (the shipped pre-trained model, "
+                             "the default), xgb (session-only XGBoost), random, none")
     parser.add_argument("--prior-trials-per-task", nargs="*", type=int, default=[],
                         help="add relax_tune(prior) rows tuned with cost_model='xgb-prior' at "
-                             "these multiples of the task count, in their own work_dir (next to "
-                             "the --cost-model rows: the prior against no prior in one run)")
+                             "these multiples of the task count, in their own work_dir (with "
+                             "--cost-model xgb: the prior against no prior in one run)")
     parser.add_argument("--cache-flush", action="store_true",
                         help="relax_tune measures every candidate with cold caches for all "
                              "but its first argument (LocalRunner(enable_cpu_cache_flush=True)"

@@ -29,9 +29,9 @@ class TuneConfig:
     max_time: wall-clock limit in seconds (None: none); the batch in flight finishes.
     op_names: keep only the tasks whose name contains one of these strings (None: all).
     strategy: search strategy name (``relax_tune.search.search_names()``).
-    cost_model: "xgb" (XGBoost learning from the session; "xgb-fresh" is the same),
-        "xgb-prior" (the shipped pre-trained model, adapting to the session), "random",
-        "none", or a ``CostModel``.
+    cost_model: "xgb-prior" (the default: the shipped pre-trained model, adapting to the
+        session), "xgb" (XGBoost learning from the session only; "xgb-fresh" is the same),
+        "random", "none", or a ``CostModel``.
     task_scheduler: "gradient", "round-robin", or a ``TaskScheduler``.
     convergence_window: a task stops when its best did not improve by 1% over this many
         trials (0: never).
@@ -62,7 +62,7 @@ class TuneConfig:
     max_time: float | None = None
     op_names: tuple[str, ...] | None = None
     strategy: str = "evolutionary"
-    cost_model: Any = "xgb"
+    cost_model: Any = "xgb-prior"
     task_scheduler: Any = "gradient"
     convergence_window: int = 64
     min_task_share: float = 0.005

@@ -92,8 +92,8 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
     counted as a trial: the untuned function, or on a GPU the target's default schedule
     (``relax_tune.measure.baseline``). A candidate that fails to build or run is
     recorded with run_secs [1e10]; it never stops tuning. ``strategy`` names a search
-    (``relax_tune.search.search_names()``); ``cost_model`` ("xgb", "random", "none" or a
-    CostModel; loaded from and saved to work_dir/cost_model) is handed to every task's
+    (``relax_tune.search.search_names()``); ``cost_model`` ("xgb-prior", "xgb", "random",
+    "none" or a CostModel; loaded from and saved to work_dir/cost_model) is handed to every task's
     search through its ``SearchContext``. Progress: a bar and a tuning table on a terminal
     (``progress_bar`` forces it on or off), the full log in ``work_dir/logs/tune.log``.
 

@@ -96,7 +96,7 @@ def test_names_and_config():
     assert isinstance(make_cost_model("xgb-fresh"), XGBModel)
     assert isinstance(make_cost_model("xgb-prior"), PriorXGBModel)
     assert make_config(cost_model="xgb-fresh").cost_model == "xgb-fresh"
-    assert make_config().cost_model == "xgb"  # the prior is opt-in ("xgb-prior")
+    assert make_config().cost_model == "xgb-prior"  # the prior by default
     with pytest.raises(RelaxTuneError, match="cost_model"):
         make_config(cost_model="xgb_fresh")
     with pytest.raises(ValueError, match="adapt"):

@@ -1,7 +1,7 @@
 """Cost models: our own program features and the models that rank candidates with them.
 
-    model = make_cost_model("xgb", work_dir)      # session-only XGBoost; or "xgb-prior"
-                                                  # (pre-trained, adapting), "random", "none"
+    model = make_cost_model("xgb-prior", work_dir)  # pre-trained, adapting (the default);
+                                                    # or "xgb" (session only), "random", "none"
     scores = model.predict(task_name, [cand.sch for cand in candidates])
     model.update(task_name, [c.sch for c in measured], run_secs, keys=[c.key ...])
     model.save(cost_model_dir(work_dir))

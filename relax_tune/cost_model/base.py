@@ -104,8 +104,9 @@ def cost_model_dir(work_dir: str) -> str:
 
 def make_cost_model(name: "str | CostModel | None", work_dir: str | None = None
                     ) -> CostModel | None:
-    """The cost model named ``name`` ("xgb" or "xgb-fresh": XGBoost learning from the session,
-    "xgb-prior": the pre-trained model adapting to the session, "random", or "none" -> None); a CostModel
+    """The cost model named ``name`` ("xgb-prior": the pre-trained model adapting to the
+    session, the configuration's default; "xgb" or "xgb-fresh": XGBoost learning from the
+    session only; "random"; or "none" -> None); a CostModel
     object passes through. With ``work_dir``, a model saved there by an earlier run is
     loaded (warm start)."""
     if name is None or isinstance(name, CostModel):

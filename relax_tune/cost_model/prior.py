@@ -1,6 +1,6 @@
 """The pre-trained cost model: ranks a new task's candidates before its first measurement.
 
-``PriorXGBModel`` (``cost_model="xgb"``, the default) starts from an XGBoost ranking model
+``PriorXGBModel`` (``cost_model="xgb-prior"``, the default) starts from an XGBoost ranking model
 trained on a corpus of measured candidates of many workloads (``benchmarks/make_corpus.py``,
 ``benchmarks/train_prior.py``) and shipped in the package (``pretrained/``). It scores
 candidates on ``transfer.transfer_features``: the raw program features, the same centred on
@@ -278,7 +278,6 @@ def _fresh() -> XGBModel:
     return XGBModel()
 
 
-# opt-in until a corpus measured on a quiet machine ranks held-out workloads well (tau ~0.1
-# today; 16 trials with it beat 64 without on 1 of 4 held-out kernels): "xgb" stays XGBModel
+# "xgb-prior" is TuneConfig's default; "xgb" (and "xgb-fresh") stay the session-only XGBModel
 register_cost_model("xgb-prior", PriorXGBModel)
 register_cost_model("xgb-fresh", _fresh)
