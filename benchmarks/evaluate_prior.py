@@ -1,6 +1,6 @@
 """How good is the pre-trained cost model on workloads held out of its training?
 
-    nice -n 19 python benchmarks/evaluate_prior.py --corpus /work/corpus            # both parts
+    python benchmarks/evaluate_prior.py --corpus /work/corpus            # both parts
     python benchmarks/evaluate_prior.py --corpus /work/corpus --no-tune             # ranking only
     python benchmarks/evaluate_prior.py --tune-only --trials 8 16 32 64 --kernels matmul_256
 

@@ -1,6 +1,6 @@
 """Train the pre-trained cost model from a corpus (``make_corpus.py``) and ship it.
 
-    nice -n 19 python benchmarks/train_prior.py --corpus /work/corpus            # writes the
+    python benchmarks/train_prior.py --corpus /work/corpus            # writes the
         # package's relax_tune/cost_model/pretrained/xgb_prior.{ubj,_meta.json}
     python benchmarks/train_prior.py --corpus /work/corpus --out /tmp/prior --seed 2
 
