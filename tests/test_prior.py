@@ -171,3 +171,22 @@ def test_shipped_model_loads_in_a_fresh_install(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "(20,)" in out.stdout
+
+
+def test_a_gpu_task_is_ranked_by_the_session_model_alone():
+    """The prior was trained on CPU measurements: its ranking of a cuda task would be noise,
+    so such a task gets the fresh model (random until trained), a CPU task the prior."""
+    import tvm
+
+    from relax_tune.utils import host_target
+
+    task = _heldout()[0]
+    x = task["x"][:32]
+    model = PriorXGBModel(adapt="none")
+    assert model.trained_kinds() == {"llvm"}
+    model.set_target("gpu", tvm.target.Target("cuda"))
+    model.set_target("cpu", host_target())
+    assert not model.uses_prior("gpu") and model.uses_prior("cpu")
+    np.testing.assert_allclose(model.predict_features("cpu", x), model._prior_scores("cpu", x))
+    fresh = XGBModel(seed=1)
+    np.testing.assert_allclose(model.predict_features("gpu", x), fresh.predict_features("t", x))

@@ -129,6 +129,7 @@ class PriorXGBModel(CostModel):
             self.prior, self.meta = None, {}
         self.tuned = None  # the fine-tuned booster
         self._facts: dict[str, dict] = {}
+        self._other_kind: set[str] = set()  # tasks for targets the prior was not trained on
         self._refs: dict[str, np.ndarray] = {}
         self._host_facts: dict | None = None
         self._taus: dict[str, list[float]] = {"prior": [], "fresh": []}
@@ -136,11 +137,30 @@ class PriorXGBModel(CostModel):
     # -- the task's context ---------------------------------------------------------------
 
     def set_target(self, task: str, target) -> None:
-        """The target ``task``'s candidates are for (its machine facts; default: the host)."""
+        """The target ``task``'s candidates are for (its machine facts; default: the host).
+        A task for a kind of target the prior never saw (a GPU: it was trained on CPUs) is
+        ranked by the fresh model alone."""
+        kind = getattr(getattr(target, "kind", None), "name", None)
+        if self.prior is not None and kind is not None and kind not in self.trained_kinds():
+            self._other_kind.add(task)
         try:
             self._facts[task] = target_facts(target)
         except Exception as err:  # an odd target: host facts
             logger.debug("target facts of %s not read: %s", target, err)
+
+    def trained_kinds(self) -> set[str]:
+        """Target kinds ("llvm", ...) of the corpus the prior was trained on."""
+        kinds = set()
+        for text in self.meta.get("targets", []):
+            try:
+                kinds.add(json.loads(text)["kind"])
+            except (ValueError, KeyError, TypeError):  # a plain target string
+                kinds.add(str(text).split()[0])
+        return kinds or {"llvm"}
+
+    def uses_prior(self, task: str) -> bool:
+        """Whether the pre-trained model ranks ``task``'s candidates."""
+        return self.prior is not None and task not in self._other_kind
 
     def set_facts(self, task: str, facts: dict) -> None:
         """Machine facts of ``task``'s target given directly (``transfer.FACT_NAMES``)."""
@@ -203,7 +223,7 @@ class PriorXGBModel(CostModel):
         raw = np.asarray(features, dtype=np.float32).reshape(-1, N_FEATURES)
         if len(raw) == 0:
             return np.zeros(0)
-        if self.prior is None:
+        if not self.uses_prior(task):
             return self.fresh.predict_features(task, raw)
         prior = self._prior_scores(task, raw)
         if self.adapt != "blend" or not self.fresh.trained:
@@ -224,7 +244,7 @@ class PriorXGBModel(CostModel):
         else:
             new = np.ones(len(raw), dtype=bool)
         ok = new & (secs < FAILED_RUN_SECS * 0.5)
-        if self.prior is not None and self.adapt == "blend" and self.fresh.trained \
+        if self.uses_prior(task) and self.adapt == "blend" and self.fresh.trained \
                 and ok.sum() >= 4:
             target = -secs[ok]
             self._taus["prior"].append(kendall_tau(self._prior_scores(task, raw[ok]), target))
@@ -241,7 +261,7 @@ class PriorXGBModel(CostModel):
         xs, ys, groups = [], [], []
         for task in sorted(self.fresh._x):
             rows = self.fresh._x[task]
-            if len(rows) < 2:
+            if len(rows) < 2 or not self.uses_prior(task):
                 continue
             raw = np.stack(rows)
             xs.append(self.transfer(task, raw))
