@@ -706,6 +706,8 @@ def main() -> int:
     if args.metaschedule:
         _import_tensor_intrin()  # before any clock starts
 
+    prior_rows = (f"; with xgb-prior per task {args.prior_trials_per_task}"
+                  if args.prior_trials_per_task else "")
     header = [
         f"CPU: {cpu_model()} ({len(os.sched_getaffinity(0))} usable cores); "
         f"target: {target}",
@@ -718,8 +720,7 @@ def main() -> int:
         f" batch 1, float32, random weights",
         f"relax_tune budgets: {'fresh work_dir each' if args.fresh else 'incremental, one work_dir'}"
         f" (trials {args.trials or '-'}, per task {args.trials_per_task or '-'}, cost model "
-        f"{args.cost_model}"
-        f"{f'; with xgb-prior per task {args.prior_trials_per_task}' if args.prior_trials_per_task else ''}"
+        f"{args.cost_model}{prior_rows}"
         f"{f', max_time {args.max_time:.0f} s' if args.max_time else ''})"
         f"{'; candidates timed with cold caches (--cache-flush)' if args.cache_flush else ''}",
         f"timing: {args.rounds} interleaved rounds, {args.pause} s pause, >= {args.min_secs} s "

@@ -282,9 +282,9 @@ def _symbolic_trace(trace_json: list, variable: Mapping[int, int]
 def parallel_variable_factors(factors_of: Mapping[int, Sequence[int]],
                               parallel: Mapping[int, set[int]]) -> dict[int, int]:
     """Per tile (``factors_of``: ``{SamplePerfectTile index: decided factors}``), the factor
-    to ceil-divide on replay when not the outermost: the outermost factor above 1 among those whose loops are fused into a
-    parallel loop (``parallel``: ``{SamplePerfectTile index: factor positions}``), never the
-    innermost (vectorised, unrolled).
+    to ceil-divide on replay when not the outermost: the outermost factor above 1 among
+    those whose loops are fused into a parallel loop (``parallel``: ``{SamplePerfectTile
+    index: factor positions}``), never the innermost (vectorised, unrolled).
 
     A row tile ``[1, 64, 2, 2]`` decided at n=256, with its first two loops in the parallel
     loop, becomes ``[1, None, 2, 2]``: at n=300 the 64 grows to 75 instead of a second

@@ -130,6 +130,7 @@ class PriorXGBModel(CostModel):
         self.tuned = None  # the fine-tuned booster
         self._facts: dict[str, dict] = {}
         self._other_kind: set[str] = set()  # tasks for targets the prior was not trained on
+        self._kinds = _trained_kinds(self.meta)
         self._refs: dict[str, np.ndarray] = {}
         self._host_facts: dict | None = None
         self._taus: dict[str, list[float]] = {"prior": [], "fresh": []}
@@ -141,7 +142,7 @@ class PriorXGBModel(CostModel):
         A task for a kind of target the prior never saw (a GPU: it was trained on CPUs) is
         ranked by the fresh model alone."""
         kind = getattr(getattr(target, "kind", None), "name", None)
-        if self.prior is not None and kind is not None and kind not in self.trained_kinds():
+        if self.prior is not None and kind is not None and kind not in self._kinds:
             self._other_kind.add(task)
         try:
             self._facts[task] = target_facts(target)
@@ -150,13 +151,7 @@ class PriorXGBModel(CostModel):
 
     def trained_kinds(self) -> set[str]:
         """Target kinds ("llvm", ...) of the corpus the prior was trained on."""
-        kinds = set()
-        for text in self.meta.get("targets", []):
-            try:
-                kinds.add(json.loads(text)["kind"])
-            except (ValueError, KeyError, TypeError):  # a plain target string
-                kinds.add(str(text).split()[0])
-        return kinds or {"llvm"}
+        return set(self._kinds)
 
     def uses_prior(self, task: str) -> bool:
         """Whether the pre-trained model ranks ``task``'s candidates."""
@@ -292,6 +287,18 @@ class PriorXGBModel(CostModel):
         if loaded and self.prior is not None and self.adapt == "finetune" and self.fresh.num_rows:
             self._finetune()
         return loaded
+
+
+def _trained_kinds(meta: dict) -> set[str]:
+    """Target kinds in a pre-trained model's metadata (its corpus's targets; "llvm" when it
+    does not say)."""
+    kinds = set()
+    for text in meta.get("targets", []):
+        try:
+            kinds.add(json.loads(text)["kind"])
+        except (ValueError, KeyError, TypeError):  # a plain target string
+            kinds.add(str(text).split()[0])
+    return kinds or {"llvm"}
 
 
 def _fresh() -> XGBModel:
