@@ -15,8 +15,8 @@ cannot be scheduled for one size. relax_tune handles it in two halves:
   ceil-divided (the outermost, or the one fused into the parallel loop,
   ``parallel_variable_factors``), so the tiles are predicated and the branch is correct at
   every size, tuned for ``b``; full tiles run without their predicates
-  (``unswitch_partial_tiles``), and a loop the bucket vectorised whole is vectorised in
-  tiles (``vector_tile``). Sizes above the largest bucket run the untuned function. A
+  (``unswitch_partial_tiles``; a partial vector tile runs in chunks of 16 lanes, then 4),
+  and a loop the bucket vectorised whole is vectorised in tiles (``vector_tile``). Sizes above the largest bucket run the untuned function. A
   bucket whose best record is its baseline (the untuned function) runs the untuned body:
   never slower than untuned per bucket.
 """
@@ -529,12 +529,97 @@ def unswitch_partial_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     if not isinstance(root, SBlockRealize):
         return func
     allowed = {_identity(v) for v in symbolic_vars(func)}
-    body = _unswitch_stmt(root.block.body, allowed, UNSWITCH_DEPTH, tvm.sym.Analyzer(),
+    analyzer = tvm.sym.Analyzer()
+    body = _unswitch_stmt(root.block.body, allowed, UNSWITCH_DEPTH, analyzer,
                           above=_above_intermediates(root.block))
+    body = _chunk_partial_vectors(body, allowed, analyzer)
     if body.same_as(root.block.body):
         return func
     block = _rebuild_block(root.block, body=body)
     return func.with_body(SBlockRealize(root.iter_values, root.predicate, block))
+
+
+VECTOR_CHUNKS = (16, 4)
+"""Lanes per chunk of a partial vector tile, then per chunk of the chunk that straddles the
+end (one AVX-512 float32 register, two AVX2 ones; then one SSE register)."""
+
+
+def _chunk_partial_vectors(stmt, defined: set, analyzer) -> tirx.Stmt:
+    """``stmt`` with each vectorised loop whose blocks are predicated on its own lanes run
+    in chunks of ``VECTOR_CHUNKS`` lanes, every full chunk without the predicate.
+
+    What unswitching leaves predicated is the partial tile: a 64-lane vector tile over
+    ``n`` with lanes past ``n``. TVM cannot vectorise a predicated body and runs the
+    whole tile as a scalar loop; the BERT layer's q k^T at n=300 (bucket 256, its
+    last column tile 44 of 64 lanes) ran 7x slower than at n=256 (Zen 4). In chunks,
+    only the lanes of the one chunk that straddles ``n`` run scalar, and chunks wholly
+    past ``n`` are skipped."""
+    if isinstance(stmt, tirx.SeqStmt):
+        parts = [_chunk_partial_vectors(s, defined, analyzer) for s in stmt.seq]
+        if all(a.same_as(b) for a, b in zip(parts, stmt.seq)):
+            return stmt
+        return tirx.SeqStmt(parts)
+    if isinstance(stmt, tirx.IfThenElse):
+        then = _chunk_partial_vectors(stmt.then_case, defined, analyzer)
+        other = None if stmt.else_case is None else \
+            _chunk_partial_vectors(stmt.else_case, defined, analyzer)
+        if then.same_as(stmt.then_case) and (other is None or other.same_as(stmt.else_case)):
+            return stmt
+        return tirx.IfThenElse(stmt.condition, then, other)
+    if not isinstance(stmt, tirx.For):
+        return stmt
+    if stmt.kind == tirx.ForKind.VECTORIZED:
+        return _vector_chunks(stmt, defined, analyzer, VECTOR_CHUNKS)
+    body = _chunk_partial_vectors(stmt.body, defined | {_identity(stmt.loop_var)}, analyzer)
+    if body.same_as(stmt.body):
+        return stmt
+    return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
+                    stmt.thread_binding, stmt.annotations)
+
+
+def _vector_chunks(loop: tirx.For, defined: set, analyzer, widths: Sequence[int]
+                   ) -> tirx.Stmt:
+    """A vectorised ``loop`` as ``for c: if <chunk c full>: <chunk without predicates>
+    else: <chunk>``, each chunk ``widths[0]`` vectorised lanes, the partial chunk in
+    turn in chunks of ``widths[1]``, and so on; ``loop`` itself when its extent is no
+    multiple of the chunk or no predicate depends on its lanes."""
+    if not widths:
+        return loop
+    width = widths[0]
+    var = loop.loop_var
+    extent = loop.extent
+    if not isinstance(extent, tirx.IntImm) or int(extent.value) <= width or \
+            int(extent.value) % width or not isinstance(loop.min, tirx.IntImm) or \
+            int(loop.min.value) != 0:
+        return _vector_chunks(loop, defined, analyzer, widths[1:])
+    if not any(_identity(v) == _identity(var) for realize, _ in
+               _predicated_blocks(loop.body, []) for v in _vars_in(realize.predicate)):
+        return loop
+    dtype = _dtype(var)
+    chunk = tirx.Var(f"{var.name}_c", dtype)
+    lane = tirx.Var(f"{var.name}_l", dtype)
+    body = _substitute(loop.body, var, chunk * tirx.IntImm(dtype, width) + lane)
+    inner = tirx.For(lane, tirx.IntImm(dtype, 0), tirx.IntImm(dtype, width),
+                     tirx.ForKind.VECTORIZED, body, loop.thread_binding, loop.annotations)
+    inside = defined | {_identity(chunk)}
+    terms, bounded, empty = _full_tile_guard(inner, inside, analyzer)
+    if not terms:
+        return loop
+    slow = _vector_chunks(inner, inside, analyzer, widths[1:])
+    if empty is not None:
+        slow = tirx.IfThenElse(tirx.Not(empty), slow, None)
+    guard = terms[0]
+    for term in terms[1:]:
+        guard = tirx.And(guard, term)
+    return tirx.For(chunk, tirx.IntImm(dtype, 0),
+                    tirx.IntImm(dtype, int(extent.value) // width), tirx.ForKind.SERIAL,
+                    tirx.IfThenElse(guard, _strip_predicates(inner, bounded), slow))
+
+
+def _substitute(stmt, var: tirx.Var, value) -> tirx.Stmt:
+    """``stmt`` with ``value`` for ``var`` (TVM 0.27 exposes no substitution to Python;
+    specialising a function of ``var`` is one)."""
+    return tirx.PrimFunc([var], stmt).specialize({var: value}).body
 
 
 def _identity(node) -> int:

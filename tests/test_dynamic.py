@@ -457,19 +457,48 @@ def test_partial_tile_runs_full_chunks_vectorised_and_skips_chunks_past_n(target
     full = [g for g in guards if g.else_case is not None]
     assert skips and all(_predicated(g.then_case) for g in skips)
     # one per 64-tile (init and update share its loop), then one per 16-chunk inside the
-    # partial tile in each of the two nests
-    assert len(full) == 3 and all(_predicated(g.then_case) == 0 for g in full)
+    # partial tile in each of the two nests, then one per 4 lanes inside the partial chunk
+    assert len(full) == 5 and all(_predicated(g.then_case) == 0 for g in full)
     lib = tvm.compile(tvm.IRModule({"main": after}), target)
     rng = np.random.default_rng(5)
     for n in (1, 15, 16, 20, 64, 100):
         _run_at(lib, func, ref, n, rng)
 
 
+def test_partial_vector_tile_runs_in_chunks(target):
+    """A 64-lane vector tile over n (bucket 256's column tile of q k^T) at a size inside
+    it: what unswitching leaves predicated is vectorised in chunks of 16 lanes (each full
+    one without the predicate), the chunk that straddles n in chunks of 4, the rest past
+    n skipped, instead of one scalar loop over 64 lanes (the BERT layer's q k^T ran 7x
+    slower at n=300 than at 256). Correct at sizes that end inside, at and past a chunk."""
+    tensors, ref = _zoo("attention_scores")
+    func = te.create_prim_func(tensors).with_attr("global_symbol", "main")
+    sch = tvm.s_tir.Schedule(func)
+    block = sch.get_sblock("T_batch_matmul_NT")
+    b, i, j, k = sch.get_loops(block)
+    j0, j1 = sch.split(j, [None, 64])
+    sch.reorder(b, i, j0, k, j1)
+    sch.vectorize(j1)
+    sch.decompose_reduction(block, k)
+    after = dynamic.unswitch_partial_tiles(sch.mod["main"])
+    vectors = []
+    tvm_ffi.structural_walk(after.body, [(tirx.For, lambda f: vectors.append(f)
+                                          if f.kind == tirx.ForKind.VECTORIZED else None)])
+    # per nest (init, update): the full tile's 64 lanes, a full chunk's 16, a full and a
+    # partial 4-lane chunk
+    assert sorted(int(f.extent) for f in vectors) == [4, 4, 4, 4, 16, 16, 64, 64]
+    assert sum(_predicated(f) for f in vectors if int(f.extent) > 4) == 0
+    lib = tvm.compile(tvm.IRModule({"main": after}), target)
+    rng = np.random.default_rng(6)
+    for n in (1, 3, 16, 19, 64, 65, 100, 128):
+        _run_at(lib, func, ref, n, rng)
+
+
 def test_symbolic_row_is_vectorised_in_tiles(target):
     """A static trace that vectorises a whole softmax row of the bucket's length (64)
     replays on the symbolic function as a split by 64 with the inner loop vectorised
-    (without the bucket's size: a plain loop), full chunks unswitched from the predicate;
-    correct below, at and above the bucket, at a prime."""
+    (without the bucket's size: a plain loop), full chunks unswitched from the predicate
+    (``test_partial_vector_tile_runs_in_chunks``); correct below, at and above the bucket, at a prime."""
     tensors, ref = _zoo("softmax_over_n")
     func = te.create_prim_func(tensors)
     base = normalize_mod(func)
@@ -485,7 +514,8 @@ def test_symbolic_row_is_vectorised_in_tiles(target):
     guards = []
     tvm_ffi.structural_walk(tiled.body, [(tirx.IfThenElse, guards.append)])
     full = [g for g in guards if g.else_case is not None]  # (the rest: chunks past n)
-    assert len(full) == 1 and _predicated(full[0].then_case) == 0  # per 64-chunk
+    # per 64-chunk, per 16 lanes of the partial one, per 4 lanes of the partial 16
+    assert len(full) == 3 and all(_predicated(g.then_case) == 0 for g in full)
     lib = tvm.compile(tvm.IRModule({"main": tiled.with_attr("global_symbol", "main")}),
                       target)
     rng = np.random.default_rng(4)
