@@ -38,6 +38,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,11 +81,16 @@ def read_records(path: str) -> list[dict]:
     return out
 
 
-def load_corpus(corpus_dir: str, feature_version: int | None = None) -> list[TaskData]:
-    """One ``TaskData`` per records file of ``corpus_dir`` (sorted by file name), keeping
-    only records of ``feature_version`` when given."""
+def load_corpus(corpus_dirs: str | Sequence[str], feature_version: int | None = None
+                ) -> list[TaskData]:
+    """One ``TaskData`` per records file of each of ``corpus_dirs`` (one directory or several,
+    in the order given; files sorted by name), keeping only records of ``feature_version``
+    when given. The same workload in two directories is two tasks (two measuring sessions:
+    their times are ranked each within its own)."""
+    dirs = [corpus_dirs] if isinstance(corpus_dirs, str) else list(corpus_dirs)
+    paths = [p for d in dirs for p in sorted(glob.glob(os.path.join(d, "records", "*.jsonl")))]
     tasks = []
-    for path in sorted(glob.glob(os.path.join(corpus_dir, "records", "*.jsonl"))):
+    for path in paths:
         recs = [r for r in read_records(path)
                 if feature_version is None or r.get("feature_version") == feature_version]
         if not recs:

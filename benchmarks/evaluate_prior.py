@@ -70,7 +70,7 @@ def session_ranking(task, make_model, n: int, batch: int = 16, k: int = 10) -> d
     return ranking_metrics(pred, task.secs[rest], k)
 
 
-def ranking_table(corpus: str, seed: int, budgets=(0, 16, 32, 64)) -> None:
+def ranking_table(corpus: str | list[str], seed: int, budgets=(0, 16, 32, 64)) -> None:
     tasks = [t for t in load_corpus(corpus, FEATURE_VERSION) if t.split == "heldout"
              and len(t.secs) >= 48]
     print(f"\nheld-out ranking: {len(tasks)} tasks "
@@ -142,7 +142,8 @@ def tuning_table(kernels, trials, seeds) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default="/work/corpus")
+    parser.add_argument("--corpus", nargs="+", default=["/work/corpus"], metavar="DIR",
+                        help="corpus directories (their held-out workloads are ranked)")
     parser.add_argument("--kernels", nargs="+", default=list(HELDOUT_KERNELS))
     parser.add_argument("--trials", nargs="+", type=int, default=[8, 16, 32, 64])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3],

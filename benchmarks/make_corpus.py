@@ -5,7 +5,9 @@
     python benchmarks/make_corpus.py --out /work/corpus --only 'matmul_.*' --trials 128
 
 Every workload of ``WORKLOADS`` (the correctness zoo's operators at several shapes, the
-tasks of ``relax_tune.models``, GEMM / convolution / attention shapes of common networks) is
+tasks of ``relax_tune.models``, GEMM / convolution / attention shapes of common networks;
+with ``--real-models resnet18 mobilenet_v2 bert vit`` the tasks of the PyTorch models of
+``bench_real_models.py`` too, each task once) is
 tuned in its own work_dir, ``OUT/work/<workload>@<target tag>``: its first ``--random-trials``
 candidates by random sampling of the design space (replay search), the rest by the
 evolutionary search with a fresh XGBoost model, so the corpus holds both typical and good
@@ -167,6 +169,18 @@ def _model_tasks(model: str) -> list[tuple[str, tvm.IRModule]]:
     return [(t.task_name, t.mod) for t in extract_tasks(lowered, target)]
 
 
+def _real_model_tasks(model: str, target) -> list[tuple[str, tvm.IRModule]]:
+    """The tasks of a real model of ``bench_real_models.py`` (PyTorch, imported by
+    ``relax_tune.model_loader.from_torch``) as the "relax_tune" pipeline tunes them."""
+    from bench_real_models import make_model
+
+    from relax_tune.model_loader import from_torch
+
+    torch_model, inputs, _ = make_model(model, small=False)
+    loaded = from_torch(torch_model, model, inputs)
+    return [(t.task_name, t.mod) for t in extract_tasks(loaded.lowered(target), target)]
+
+
 def _w(name, op, build, split="train"):
     return Workload(name, op, split, build)
 
@@ -217,19 +231,32 @@ HELDOUT_OPS = ("depthwise", "layer_norm")
 """Operators held out of training whole (model tasks computing them are held out too)."""
 
 
-def all_workloads(with_models: bool = True) -> list[Workload]:
-    """``WORKLOADS`` plus the tasks of ``relax_tune.models`` (held out when they compute a
-    ``HELDOUT_OPS`` operator)."""
+REAL_MODEL_NAMES = ("resnet18", "mobilenet_v2", "bert", "vit")
+"""``bench_real_models.py``'s models (``--real-models``; PyTorch needed)."""
+
+
+def all_workloads(with_models: bool = True, real_models: tuple[str, ...] = (),
+                  target=None) -> list[Workload]:
+    """``WORKLOADS`` plus the tasks of ``relax_tune.models`` and of the ``real_models``
+    (``REAL_MODEL_NAMES``) for ``target``, each task once (models share layers) and held
+    out when it computes a ``HELDOUT_OPS`` operator."""
     out = list(WORKLOADS)
-    if with_models:
-        for model in MODEL_NAMES:
-            try:
-                for task_name, mod in _model_tasks(model):
-                    op = re.sub(r"\d+", "", task_name)
-                    split = "heldout" if any(h in op for h in HELDOUT_OPS) else "train"
-                    out.append(Workload(f"{model}.{task_name}", op, split, lambda m=mod: m))
-            except Exception as err:  # an optional part of the corpus must not stop it
-                logger.warning("model %s skipped: %s", model, err)
+    models = [(m, lambda m=m: _model_tasks(m)) for m in (MODEL_NAMES if with_models else ())]
+    models += [(m, lambda m=m: _real_model_tasks(m, target or rt.host_target()))
+               for m in real_models]
+    seen: set[int] = set()
+    for model, tasks in models:
+        try:
+            for task_name, mod in tasks():
+                shash = int(rt.utils.structural_hash(mod))
+                if shash in seen:
+                    continue
+                seen.add(shash)
+                op = re.sub(r"\d+", "", task_name)
+                split = "heldout" if any(h in op for h in HELDOUT_OPS) else "train"
+                out.append(Workload(f"{model}.{task_name}", op, split, lambda m=mod: m))
+        except Exception as err:  # an optional part of the corpus must not stop it
+            logger.warning("model %s skipped: %s: %s", model, type(err).__name__, err)
     return out
 
 
@@ -345,6 +372,9 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="regex on workload names")
     parser.add_argument("--no-models", action="store_true",
                         help="leave out the tasks of relax_tune.models")
+    parser.add_argument("--real-models", nargs="*", default=[], choices=REAL_MODEL_NAMES,
+                        metavar="MODEL", help="also the tasks of these real models of "
+                        f"bench_real_models.py ({', '.join(REAL_MODEL_NAMES)}; needs PyTorch)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
     args = parser.parse_args()
@@ -353,7 +383,8 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     rt.utils.ensure_tvm_threads()
     target = rt.utils.parse_target(json.loads(args.target)) if args.target else rt.host_target()
-    workloads = all_workloads(with_models=not args.no_models)
+    workloads = all_workloads(with_models=not args.no_models,
+                              real_models=tuple(args.real_models), target=target)
     if args.only:
         workloads = [w for w in workloads if re.fullmatch(args.only, w.name)]
     if args.list:

@@ -3,6 +3,7 @@
     python benchmarks/train_prior.py --corpus /work/corpus            # writes the
         # package's relax_tune/cost_model/pretrained/xgb_prior.{ubj,_meta.json}
     python benchmarks/train_prior.py --corpus /work/corpus --out /tmp/prior --seed 2
+    python benchmarks/train_prior.py --corpus /work/corpus /work/corpus_models  # several
 
 An XGBoost ``rank:pairwise`` model, one group per (workload, target), labels the normalised
 throughput within the group, on ``transfer_features``. Workloads marked held-out in the
@@ -89,7 +90,8 @@ def write_test_data(tasks: list[TaskData], path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default="/work/corpus")
+    parser.add_argument("--corpus", nargs="+", default=["/work/corpus"], metavar="DIR",
+                        help="corpus directories (make_corpus.py --out), trained on together")
     parser.add_argument("--out", default=os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "relax_tune", "cost_model",
         "pretrained"), help="where the model goes (default: the package's pretrained/)")
@@ -102,7 +104,7 @@ def main() -> None:
     tasks = load_corpus(args.corpus, FEATURE_VERSION)
     train_tasks = [t for t in tasks if t.split == "train"]
     heldout = [t for t in tasks if t.split == "heldout"]
-    print(f"corpus {args.corpus}: {len(train_tasks)} train tasks "
+    print(f"corpus {' '.join(args.corpus)}: {len(train_tasks)} train tasks "
           f"({sum(len(t.secs) for t in train_tasks)} candidates), {len(heldout)} held out")
     booster = train(train_tasks, args.seed, args.rounds)
     results = evaluate(booster, heldout)

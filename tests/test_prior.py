@@ -145,6 +145,35 @@ def test_training_is_reproducible_from_a_seed():
     assert a != c
 
 
+def test_corpus_loads_from_several_directories(tmp_path):
+    """``train_prior.py --corpus A B`` trains on both: every records file of each directory
+    is a task (the same workload measured in two sessions is two), records of another
+    feature version are left out, a torn last line is skipped."""
+    import json
+
+    from corpus import load_corpus
+
+    def write(corpus, workload, secs, version=1, torn=False):
+        os.makedirs(corpus / "records", exist_ok=True)
+        with open(corpus / "records" / f"{workload}@llvm.jsonl", "w") as f:
+            for order, sec in enumerate(secs):
+                f.write(json.dumps({
+                    "workload": workload, "op": "matmul", "split": "train", "target": "llvm",
+                    "facts": {"cores": 2}, "features": [float(order), 1.0], "secs": sec,
+                    "order": order, "phase": "random", "feature_version": version}) + "\n")
+            if torn:
+                f.write('{"workload": "')
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    write(a, "mm", [3e-3, 1e-3], torn=True)
+    write(a, "old", [1e-3, 2e-3], version=0)
+    write(b, "mm", [2e-3, 4e-3, 1e-3])
+    tasks = load_corpus([str(a), str(b)], feature_version=1)
+    assert [(t.workload, len(t.secs)) for t in tasks] == [("mm", 2), ("mm", 3)]
+    assert tasks[1].secs.tolist() == [2e-3, 4e-3, 1e-3]
+    assert [t.workload for t in load_corpus(str(a))] == ["mm", "old"]
+
+
 @pytest.mark.timeout(300)
 def test_shipped_model_loads_in_a_fresh_install(tmp_path):
     """Build the wheel, install it into an empty folder and load the model from there."""
