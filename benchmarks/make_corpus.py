@@ -231,6 +231,15 @@ HELDOUT_OPS = ("depthwise", "layer_norm")
 """Operators held out of training whole (model tasks computing them are held out too)."""
 
 
+def _task_op(task_name: str, mod: tvm.IRModule) -> str:
+    """A model task's operator: its name without numbers, "depthwise" for a grouped
+    convolution (MobileNetV2's depthwise layers lower to a ``group_conv`` block, not to the
+    ``depthwise`` operator held out of training)."""
+    if re.search(r'sblock\("(group_conv|DepthwiseConv)', mod.script()):
+        return "depthwise"
+    return re.sub(r"\d+", "", task_name)
+
+
 REAL_MODEL_NAMES = ("resnet18", "mobilenet_v2", "bert", "vit")
 """``bench_real_models.py``'s models (``--real-models``; PyTorch needed)."""
 
@@ -252,7 +261,7 @@ def all_workloads(with_models: bool = True, real_models: tuple[str, ...] = (),
                 if shash in seen:
                     continue
                 seen.add(shash)
-                op = re.sub(r"\d+", "", task_name)
+                op = _task_op(task_name, mod)
                 split = "heldout" if any(h in op for h in HELDOUT_OPS) else "train"
                 out.append(Workload(f"{model}.{task_name}", op, split, lambda m=mod: m))
         except Exception as err:  # an optional part of the corpus must not stop it
