@@ -605,15 +605,21 @@ def _vector_chunks(loop: tirx.For, defined: set, analyzer, widths: Sequence[int]
     terms, bounded, empty = _full_tile_guard(inner, inside, analyzer)
     if not terms:
         return loop
-    slow = _vector_chunks(inner, inside, analyzer, widths[1:])
+    body = _full_or_partial(terms, _strip_predicates(inner, bounded),
+                            _vector_chunks(inner, inside, analyzer, widths[1:]), empty)
+    return tirx.For(chunk, tirx.IntImm(dtype, 0),
+                    tirx.IntImm(dtype, int(extent.value) // width), tirx.ForKind.SERIAL, body)
+
+
+def _full_or_partial(terms: list, fast, slow, empty) -> tirx.Stmt:
+    """``if <all terms>: fast else: slow``, ``slow`` skipped under ``empty`` (a tile wholly
+    past n, the rest of a partial one, does nothing)."""
     if empty is not None:
         slow = tirx.IfThenElse(tirx.Not(empty), slow, None)
     guard = terms[0]
     for term in terms[1:]:
         guard = tirx.And(guard, term)
-    return tirx.For(chunk, tirx.IntImm(dtype, 0),
-                    tirx.IntImm(dtype, int(extent.value) // width), tirx.ForKind.SERIAL,
-                    tirx.IfThenElse(guard, _strip_predicates(inner, bounded), slow))
+    return tirx.IfThenElse(guard, fast, slow)
 
 
 def _substitute(stmt, var: tirx.Var, value) -> tirx.Stmt:
@@ -652,12 +658,7 @@ def _unswitch_stmt(stmt, defined: set, depth: int, analyzer, tested: tuple = (),
         fast = _unswitch_stmt(_strip_predicates(stmt.body, bounded), inner_defined,
                               depth - 1, analyzer, tested, above)
         slow = _unswitch_stmt(stmt.body, inner_defined, depth - 1, analyzer, tested, above)
-        if empty is not None:  # a tile wholly past n (the rest of a partial one) does nothing
-            slow = tirx.IfThenElse(tirx.Not(empty), slow, None)
-        guard = terms[0]
-        for term in terms[1:]:
-            guard = tirx.And(guard, term)
-        body = tirx.IfThenElse(guard, fast, slow)
+        body = _full_or_partial(terms, fast, slow, empty)
     if body.same_as(stmt.body):
         return stmt
     return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
