@@ -42,7 +42,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import tvm
+import tvm_ffi
 from tvm import te, topi
+from tvm.s_tir import SBlock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_real_models import cpu_model  # noqa: E402
@@ -235,7 +237,9 @@ def _task_op(task_name: str, mod: tvm.IRModule) -> str:
     """A model task's operator: its name without numbers, "depthwise" for a grouped
     convolution (MobileNetV2's depthwise layers lower to a ``group_conv`` block, not to the
     ``depthwise`` operator held out of training)."""
-    if re.search(r'sblock\("(group_conv|DepthwiseConv)', mod.script()):
+    blocks: list[str] = []
+    tvm_ffi.structural_walk(mod, [(SBlock, lambda b: blocks.append(str(b.name_hint)))])
+    if any(b.startswith(("group_conv", "DepthwiseConv")) for b in blocks):
         return "depthwise"
     return re.sub(r"\d+", "", task_name)
 

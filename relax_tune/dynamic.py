@@ -16,9 +16,10 @@ cannot be scheduled for one size. relax_tune handles it in two halves:
   ``parallel_variable_factors``), so the tiles are predicated and the branch is correct at
   every size, tuned for ``b``; full tiles run without their predicates
   (``unswitch_partial_tiles``; a partial vector tile runs in chunks of 16 lanes, then 4),
-  and a loop the bucket vectorised whole is vectorised in tiles (``vector_tile``). Sizes above the largest bucket run the untuned function. A
-  bucket whose best record is its baseline (the untuned function) runs the untuned body:
-  never slower than untuned per bucket.
+  and a loop the bucket vectorised whole is vectorised in tiles (``vector_tile``). Sizes
+  above the largest bucket run the untuned function. A bucket whose best record is its
+  baseline (the untuned function) runs the untuned body: never slower than untuned per
+  bucket.
 """
 
 from __future__ import annotations

@@ -498,7 +498,8 @@ def test_symbolic_row_is_vectorised_in_tiles(target):
     """A static trace that vectorises a whole softmax row of the bucket's length (64)
     replays on the symbolic function as a split by 64 with the inner loop vectorised
     (without the bucket's size: a plain loop), full chunks unswitched from the predicate
-    (``test_partial_vector_tile_runs_in_chunks``); correct below, at and above the bucket, at a prime."""
+    (``test_partial_vector_tile_runs_in_chunks``); correct below, at and above the bucket,
+    at a prime."""
     tensors, ref = _zoo("softmax_over_n")
     func = te.create_prim_func(tensors)
     base = normalize_mod(func)
