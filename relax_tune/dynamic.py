@@ -283,23 +283,28 @@ def _symbolic_trace(trace_json: list, variable: Mapping[int, int]
 def parallel_variable_factors(factors_of: Mapping[int, Sequence[int]],
                               parallel: Mapping[int, set[int]]) -> dict[int, int]:
     """Per tile (``factors_of``: ``{SamplePerfectTile index: decided factors}``), the factor
-    to ceil-divide on replay when not the outermost: the outermost factor above 1 among
-    those whose loops are fused into a parallel loop (``parallel``: ``{SamplePerfectTile
-    index: factor positions}``), never the innermost (vectorised, unrolled).
+    to ceil-divide on replay when not the outermost: the largest factor (the outermost of
+    equals) among those whose loops are fused into a parallel loop (``parallel``:
+    ``{SamplePerfectTile index: factor positions}``), never the innermost (vectorised,
+    unrolled).
 
-    A row tile ``[1, 64, 2, 2]`` decided at n=256, with its first two loops in the parallel
-    loop, becomes ``[1, None, 2, 2]``: at n=300 the 64 grows to 75 instead of a second
-    outer tile of 44 rows being added. The parallel loop's iterations go to the threads in
-    contiguous chunks, so with ``[None, 64, 2, 2]`` one thread ran the whole first tile and
-    the other the 44 rows (BERT's FFN at n=300 on bucket 256's record: 12.3 ms against
-    6.4 ms at 256, 2 cores). A factor outside the parallel loop stays constant: there it is
-    a register or cache tile (made symbolic, the Llama block ran 1.35x slower at n=16)."""
+    Ceil-dividing factor ``k`` pads the tile to a multiple of the product of the other
+    factors, ``bucket / factors[k]`` rows, and the parallel loop's iterations go to the
+    threads in contiguous chunks, so coarse padding is work one thread lacks while the
+    other runs full tiles. A row tile ``[2, 32, 2, 2]`` decided at n=256, its first two
+    loops in the parallel loop, becomes ``[2, None, 2, 2]``: at n=300 the 32 grows to 38
+    (8 rows of padding) instead of a third outer tile of 44 of 128 rows, two of which one
+    thread ran while the other ran the 44 (Llama's MLP matmul at n=300 on bucket 256's
+    record: 1.8x its time at 256, 2 cores). A factor outside the parallel loop stays
+    constant: there it is a register or cache tile (made symbolic, the Llama block ran
+    1.35x slower at n=16, and BERT's FFN down 1.4x slower at n=256 with its 128-row cache
+    tile symbolic)."""
     out = {}
     for index, positions in parallel.items():
         factors = factors_of[index]
-        at = next((k for k in sorted(positions) if k < len(factors) - 1 and factors[k] > 1),
-                  None)
-        if at is not None and at > 0:
+        inner = [k for k in sorted(positions) if k < len(factors) - 1]
+        at = max(inner, key=lambda k: (factors[k], -k), default=None)
+        if at is not None and at > 0 and factors[at] > 1:
             out[index] = at
     return out
 

@@ -423,7 +423,9 @@ def test_replayed_tile_grows_its_parallel_factor(target):
     assert pick({5: [1, 4, 2]}, {5: {0, 1}}) == {5: 1}
     assert pick({5: [1, 4, 2]}, {5: {0}}) == {}  # the 4 is not in the parallel loop
     assert pick({5: [1, 1, 8]}, {5: {0, 1, 2}}) == {}  # the innermost stays constant
-    assert pick({5: [2, 4, 2]}, {5: {0, 1}}) == {}  # the outermost already varies
+    assert pick({5: [4, 2, 2]}, {5: {0, 1}}) == {}  # the outermost is the largest
+    assert pick({5: [2, 4, 2]}, {5: {0, 1}}) == {5: 1}  # the finer padding: 2 x 2 rows
+    assert pick({5: [2, 1, 64, 2]}, {5: {0, 1}}) == {}  # the 64 is a cache tile: constant
     replayed = dynamic.replay_symbolic(normalize_mod(func), trace, {"n": 8})
     loop = replayed.body.block.body
     assert loop.kind == tirx.ForKind.PARALLEL
