@@ -52,6 +52,10 @@ class TuneConfig:
         function) and the fastest there is the one applied (``relax_tune.dispatch_rank``;
         needs a work_dir). 0 (default): off, the fastest static record is applied. It costs
         a symbolic build per record (3 per bucket: ~300 s on the Llama block's 70 tasks).
+    dispatch_plan: after the search (and the ranking), each dynamic-shape function's
+        buckets' kernels are timed at sizes between the hinted ones, and a size goes to the
+        kernel clearly fastest there rather than to the nearest bucket
+        (``relax_tune.dispatch_plan``; needs a work_dir). A symbolic build per bucket.
     builder: a ``relax_tune.measure`` builder (None: a ``LocalBuilder`` per session).
     runner: a ``relax_tune.measure`` runner (None: a ``LocalRunner`` per session).
     """
@@ -73,6 +77,7 @@ class TuneConfig:
     progress_bar: bool | None = None
     shape_hints: Any = None
     dispatch_ranking: int = 0
+    dispatch_plan: bool = True
     builder: Any = None
     runner: Any = None
 
@@ -97,7 +102,7 @@ class TuneConfig:
         _check_int("convergence_window", self.convergence_window, minimum=0)
         _check_number("min_task_share", self.min_task_share, minimum=0, maximum=1)
         _check_int("seed", self.seed, minimum=0)
-        for name in ("measure_baseline", "check_correctness"):
+        for name in ("measure_baseline", "check_correctness", "dispatch_plan"):
             if not isinstance(getattr(self, name), bool):
                 raise RelaxTuneError(f"{name} must be True or False, not "
                                      f"{getattr(self, name)!r}")

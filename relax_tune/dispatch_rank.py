@@ -41,6 +41,10 @@ UNTUNED = "untuned"
 """The ranking key of a bucket's untuned function."""
 
 
+BUCKET_ALTERNATIVES = 8
+"""Records of a bucket tried, fastest first, until one replays on the symbolic function."""
+
+
 def _bucket_id(shash: int, sizes: dict[str, int]) -> str:
     return f"{int(shash)}:" + ",".join(f"{k}={int(v)}" for k, v in sorted(sizes.items()))
 
@@ -171,3 +175,42 @@ def _rank_one(task: Any, records: list, hinted: dict[str, list[int]], measurer: 
                 continue
         scores[key] = math.exp(sum(math.log(r.mean_secs) for r in runs) / len(runs))
     return scores
+
+
+def bucket_records(db: Database, workload: tvm.IRModule, target: Any, best: Any,
+                   ranking: dict[str, float | None] | None, label: str) -> list:
+    """The records of a bucket (``workload``, its best record ``best``) in the order
+    ``ApplyDatabase`` tries them on the symbolic function, at most ``BUCKET_ALTERNATIVES``,
+    none slower than the untuned function: fastest statically, or, when the bucket was
+    ranked (``ranking``, ``ranking_for``), fastest as dispatched with the unranked ones
+    after; empty when the untuned function ranked first."""
+    records = [best]
+    try:
+        if db.has_workload(workload):
+            records += [r for r in db.get_top_k(db.commit_workload(workload),
+                                                BUCKET_ALTERNATIVES, target)
+                        if r.trace_json != best.trace_json]
+    except Exception as err:  # a database without top-k: the best record only
+        logger.debug("%s: no alternative records (%s)", label, err)
+    if ranking:
+        records = _ranked_order(records, ranking, label)
+    records = list(itertools.takewhile(lambda r: not is_baseline(r), records))
+    return records[:BUCKET_ALTERNATIVES]
+
+
+def _ranked_order(records: list, ranking: dict[str, float | None], label: str) -> list:
+    """``records`` (static order) reordered by their times as dispatched: the ranked ones
+    faster than the untuned function, fastest first, then the unranked ones; a record that
+    failed as dispatched is dropped. Empty when the untuned function ranked first."""
+    untuned = ranking.get(UNTUNED)
+    ranked, unranked = [], []
+    for record in records:
+        key = candidate_key(record.trace_json)
+        if key not in ranking:
+            unranked.append(record)
+        elif ranking[key] is not None and (untuned is None or ranking[key] < untuned):
+            ranked.append((ranking[key], record))
+    if not ranked and untuned is not None:  # the unranked ones were slower statically
+        logger.info("%s: the untuned function is the fastest as dispatched", label)
+        return []
+    return [r for _, r in sorted(ranked, key=lambda x: x[0])] + unranked

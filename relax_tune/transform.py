@@ -22,7 +22,8 @@ from tvm import relax, tirx
 from .config import TuneConfig, make_config
 from .database import Database, is_baseline
 from . import dynamic
-from .dispatch_rank import UNTUNED, ranking_for, read_rankings
+from .dispatch_plan import read_plans, served_ranges
+from .dispatch_rank import bucket_records, ranking_for, read_rankings
 from .extract import Task, dynamic_base, dynamic_workloads, extract_tasks, upper_bounds
 from .prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
     backend_pipeline, bind_params, default_prepack, lower_for_tuning, lowering_passes)
@@ -246,7 +247,7 @@ class ApplyDatabase:
             return None
         base = normalize_mod(dynamic_base(func))
         rankings = read_rankings(self.work_dir)
-        branches, tuned, kept = [], [], []
+        branches, tuned, kept, keys = [], [], [], []
         for bucket, workload in specialised:
             try:
                 record = db.query_tuning_record(workload, target)
@@ -256,16 +257,18 @@ class ApplyDatabase:
                 continue
             if record is None:
                 continue
-            branch = None
+            branch, key = None, None
             if not is_baseline(record):
-                branch = _bucket_branch(db, workload, target, base, record,
+                chosen = _bucket_branch(db, workload, target, base, record,
                                         f"{name}[{bucket.label}]", dict(bucket.sizes),
                                         ranking_for(rankings, workload, dict(bucket.sizes)))
-                if branch is not None:
+                if chosen is not None:
+                    branch, key = chosen
                     tuned.append(bucket.label)
             if branch is None:
                 kept.append(bucket.label)
             branches.append((dict(bucket.sizes), branch))
+            keys.append(key)
         if not branches:
             if self.enable_warning:
                 logger.warning("%s: no tuning record at any size of its symbolic shape; left "
@@ -274,8 +277,9 @@ class ApplyDatabase:
         if not tuned:
             self.kept.append(name)
             return None
+        served = served_ranges(read_plans(self.work_dir), base, branches, keys, name)
         try:
-            new = dynamic.dispatch_function(base["main"], branches)
+            new = dynamic.dispatch_function(base["main"], branches, served=served)
         except Exception as err:  # never crash the compilation: the function stays untuned
             logger.warning("%s: dispatching function not built (%s); left unchanged", name,
                            err)
@@ -308,66 +312,30 @@ class ApplyDatabase:
         return _with_attrs_of(sch.mod["main"], func)
 
 
-BUCKET_ALTERNATIVES = 8
-"""Records of a bucket tried, fastest first, until one replays on the symbolic function."""
-
-
 def _bucket_branch(db: Database, workload: tvm.IRModule, target, base: tvm.IRModule,
                    best, label: str, sizes: dict[str, int],
-                   ranking: dict[str, float | None] | None = None) -> tirx.PrimFunc | None:
-    """The bucket's fastest schedule that replays on the symbolic function ``base``; None
-    (the untuned function serves the bucket) when none faster than the untuned one does.
-
-    Fastest as dispatched when the bucket was ranked (``ranking``, from
-    ``dispatch_rank.ranking_for``): its records in the order of their ranked times, a
-    record that failed there skipped, and the untuned function when it ranked first;
-    the records not ranked follow in static order. Not every static schedule survives
-    symbolic extents: a reduction split by a factor that does not divide ``n`` (rfactor)
-    is no longer quasi-affine, and TVM refuses to decompose it; the next record is tried
-    then."""
-    records = [best]
-    try:
-        if db.has_workload(workload):
-            records += [r for r in db.get_top_k(db.commit_workload(workload),
-                                                BUCKET_ALTERNATIVES, target)
-                        if r.trace_json != best.trace_json]
-    except Exception as err:  # a database without top-k: the best record only
-        logger.debug("%s: no alternative records (%s)", label, err)
-    if ranking:
-        records = _ranked_order(records, ranking, label)
-        if not records:
-            return None
+                   ranking: dict[str, float | None] | None = None
+                   ) -> tuple[tirx.PrimFunc, str] | None:
+    """The bucket's fastest schedule that replays on the symbolic function ``base``, and
+    its record's key; None (the untuned function serves the bucket) when none faster than
+    the untuned one does. Records in the order of ``dispatch_rank.bucket_records``. Not
+    every static schedule survives symbolic extents: a reduction split by a factor that
+    does not divide ``n`` (rfactor) is no longer quasi-affine, and TVM refuses to
+    decompose it; the next record is tried then."""
     errors = []
-    for record in records[:BUCKET_ALTERNATIVES]:
-        if is_baseline(record):
-            break  # the rest are slower than the untuned function
+    records = bucket_records(db, workload, target, best, ranking, label)
+    for record in records:
         try:
-            return dynamic.replay_symbolic(base, record.trace_json, sizes)
+            return (dynamic.replay_symbolic(base, record.trace_json, sizes),
+                    candidate_key(record.trace_json))
         except Exception as err:
             errors.append(str(err).strip().splitlines()[0] if str(err).strip() else
                           type(err).__name__)
-    logger.warning("%s: none of its %d fastest schedules replays on the symbolic function "
-                   "(%s); the untuned function serves its sizes", label, len(errors),
-                   "; ".join(errors[:2]))
+    if records:
+        logger.warning("%s: none of its %d fastest schedules replays on the symbolic "
+                       "function (%s); the untuned function serves its sizes", label,
+                       len(errors), "; ".join(errors[:2]))
     return None
-
-
-def _ranked_order(records: list, ranking: dict[str, float | None], label: str) -> list:
-    """``records`` (static order) reordered by their times as dispatched: the ranked ones
-    faster than the untuned function, fastest first, then the unranked ones; a record that
-    failed as dispatched is dropped. Empty when the untuned function ranked first."""
-    untuned = ranking.get(UNTUNED)
-    ranked, unranked = [], []
-    for record in records:
-        key = candidate_key(record.trace_json)
-        if key not in ranking:
-            unranked.append(record)
-        elif ranking[key] is not None and (untuned is None or ranking[key] < untuned):
-            ranked.append((ranking[key], record))
-    if not ranked and untuned is not None:  # the unranked ones were slower statically
-        logger.info("%s: the untuned function is the fastest as dispatched", label)
-        return []
-    return [r for _, r in sorted(ranked, key=lambda x: x[0])] + unranked
 
 
 def _with_attrs_of(new: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -39,6 +39,10 @@ RANKING_SHARE = 0.2
 """Share of ``max_time`` kept for ranking the dynamic-shape buckets' records as dispatched
 (``dispatch_rank``), when there are such buckets."""
 
+PLAN_SHARE = 0.2
+"""Share of ``max_time`` kept for measuring the dynamic-shape dispatch (``dispatch_plan``),
+when there are such buckets."""
+
 __all__ = ["BASELINE_KEY", "TaskReport", "tune_relax", "tune_tasks", "tune_tir"]
 
 
@@ -114,7 +118,10 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
     few fastest records are timed again as ``ApplyDatabase`` runs them, replayed on the
     symbolic function, and the fastest there is the one applied
     (``relax_tune.dispatch_rank``); with ``max_time``, the last ``RANKING_SHARE`` of it is
-    kept for that.
+    kept for that. Then (``dispatch_plan``, on by default) each dynamic-shape function's
+    bucket kernels are timed between the hinted sizes, and each size goes to the one
+    clearly fastest there (``relax_tune.dispatch_plan``); ``PLAN_SHARE`` of ``max_time``
+    is kept for it.
 
     Returns one ``TaskReport`` per task, in the order given.
     """
@@ -138,10 +145,12 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
     progress = Progress(remaining, logs_dir(work_dir) if work_dir else None,
                         enable_bar=cfg.progress_bar)
     start = time.monotonic()
-    ranking = cfg.dispatch_ranking if work_dir is not None else 0  # it keeps its result there
-    ranks = ranking > 0 and any(t.symbolic is not None for t in tasks)
-    deadline = None if cfg.max_time is None else \
-        start + cfg.max_time * (1 - RANKING_SHARE if ranks else 1)
+    dynamic_tasks = work_dir is not None and any(t.symbolic is not None for t in tasks)
+    ranking = cfg.dispatch_ranking if dynamic_tasks else 0  # they keep their results there
+    ranks = ranking > 0
+    plans = cfg.dispatch_plan and dynamic_tasks
+    kept = (RANKING_SHARE if ranks else 0) + (PLAN_SHARE if plans else 0)
+    deadline = None if cfg.max_time is None else start + cfg.max_time * (1 - kept)
     if remaining > 0 and any(st.report.trials < per_task for st in states):
         measurer.start()  # worker start-up overlaps the first build
     try:
@@ -186,6 +195,10 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
                 rounds_since_table = 0
         if ranks:
             _rank_dispatch(tasks, db, measurer, work_dir, ranking,  # type: ignore[arg-type]
+                           None if cfg.max_time is None else
+                           start + cfg.max_time * (1 - (PLAN_SHARE if plans else 0)))
+        if plans:
+            _plan_dispatch(tasks, db, measurer, work_dir,  # type: ignore[arg-type]
                            None if cfg.max_time is None else start + cfg.max_time)
     finally:
         if model is not None and work_dir is not None:
@@ -216,6 +229,19 @@ def _rank_dispatch(tasks: Sequence[Task], db: Database, measurer: Measurer, work
     except Exception:  # the records are written already; ApplyDatabase falls back on them
         logger.exception("ranking the dynamic-shape buckets' records failed; each bucket "
                          "runs its fastest static record")
+
+
+def _plan_dispatch(tasks: Sequence[Task], db: Database, measurer: Measurer, work_dir: str,
+                   deadline: float | None) -> None:
+    """Measure which bucket serves which sizes (``dispatch_plan``); a failure there is logged
+    and leaves each size to its nearest bucket."""
+    from .dispatch_plan import plan_dispatch
+
+    try:
+        plan_dispatch(tasks, db, measurer, work_dir, deadline)
+    except Exception:  # the records are written already; ApplyDatabase falls back on them
+        logger.exception("measuring the dynamic-shape dispatch failed; each size runs its "
+                         "nearest bucket's kernel")
 
 
 def _warn_untried(states: list[_TaskState], max_time: float) -> None:

@@ -49,11 +49,11 @@ def _ranking_id(size: int) -> str:
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory, target) -> str:
     """A work_dir with the symbolic matmul tuned at n=16 and n=64 (8 trials each), its
-    buckets ranked."""
+    buckets ranked (no dispatch plan: ApplyDatabase dispatches to the nearest bucket)."""
     work = str(tmp_path_factory.mktemp("rank") / "work")
     rt.tune_tir(_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
                 shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0,
-                dispatch_ranking=3)
+                dispatch_ranking=3, dispatch_plan=False)
     return work
 
 
@@ -79,7 +79,7 @@ def test_ranking_is_resumed_not_repeated(tuned, target, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="relax_tune.dispatch_rank"):
         rt.tune_tir(_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
                     shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0,
-                    dispatch_ranking=3)
+                    dispatch_ranking=3, dispatch_plan=False)
     assert "ranked as dispatched" not in caplog.text
     assert open(os.path.join(work, RANKING_FILE)).read() == before
 

@@ -1,0 +1,145 @@
+"""Measuring which bucket's kernel serves which sizes of a dynamic-shape function
+(``relax_tune.dispatch_plan``), and ApplyDatabase following the plan."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import te, tirx, topi
+
+import relax_tune as rt
+from relax_tune import dynamic
+from relax_tune.database import is_baseline
+from relax_tune.dispatch_plan import PLAN_FILE, read_plans, stretches
+from relax_tune.search import candidate_key
+from relax_tune.utils import RelaxTuneError, normalize_mod, structural_hash
+from relax_tune.work_dir import open_for_apply
+
+HINTS = {"n": [16, 64]}
+
+
+def _matmul() -> tirx.PrimFunc:
+    n = tirx.Var("n", "int64")
+    a = te.placeholder((n, 64), "float32", name="A")
+    b = te.placeholder((64, 48), "float32", name="B")
+    return te.create_prim_func([a, b, topi.matmul(a, b)])
+
+
+def _best(work_dir: str, size: int, target):
+    db = open_for_apply(work_dir)
+    workload = normalize_mod(dynamic.specialize(_matmul(), {"n": size}))
+    records = db.get_top_k(db.commit_workload(workload), 1, target)
+    assert records and not is_baseline(records[0])
+    return records[0]
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory, target) -> str:
+    """A work_dir with the symbolic matmul tuned at n=16 and n=64 and its dispatch
+    measured (on by default)."""
+    work = str(tmp_path_factory.mktemp("plan") / "work")
+    rt.tune_tir(_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
+                shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0)
+    return work
+
+
+def test_stretches_split_each_gap_where_the_nearest_bucket_changes():
+    assert stretches([16, 64]) == [(1, 15, 4, 16), (17, 32, 23, 16), (33, 63, 46, 64)]
+    assert stretches([1, 2, 4]) == [(3, 3, 3, 4)]  # 1..2 and 2..4 leave one size between
+    assert stretches([8]) == [(1, 7, 3, 8)]
+
+
+def test_tuning_measures_the_dispatch(planned, target):
+    """The plan covers every size up to the largest bucket but the hinted ones, each stretch
+    served by a bucket or the untuned function, with the records ApplyDatabase applies and
+    the times it was decided on."""
+    plans = read_plans(planned)
+    base = normalize_mod(_matmul())
+    plan = plans[str(structural_hash(base))]
+    assert [r[:2] for r in plan["ranges"]] == [[1, 15], [17, 32], [33, 63]]
+    assert all(owner in (16, 64, None) for _, _, owner in plan["ranges"])
+    assert plan["records"] == {str(s): candidate_key(_best(planned, s, target).trace_json)
+                               for s in (16, 64)}
+    for probe in ("4", "23", "46"):
+        assert {"16", "64"} <= set(plan["probes"][probe])
+        assert all(t > 0 for t in plan["probes"][probe].values())
+
+
+def test_planning_is_resumed_not_repeated(planned, target, tmp_path, caplog):
+    work = str(tmp_path / "work")
+    shutil.copytree(planned, work)
+    before = open(os.path.join(work, PLAN_FILE)).read()
+    with caplog.at_level(logging.INFO, logger="relax_tune.dispatch_plan"):
+        rt.tune_tir(_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
+                    shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0)
+    assert "dispatch measured" not in caplog.text
+    assert open(os.path.join(work, PLAN_FILE)).read() == before
+
+
+def _write_ranges(work: str, ranges: list, records: dict | None = None) -> None:
+    plans = read_plans(work)
+    (key,) = plans
+    plans[key]["ranges"] = ranges
+    if records is not None:
+        plans[key]["records"] = records
+    with open(os.path.join(work, PLAN_FILE), "w") as file:
+        json.dump(plans, file)
+
+
+def test_apply_database_follows_the_plan(planned, target, tmp_path, caplog):
+    """ApplyDatabase serves each stretch by the planned kernel (bucket 64's below 16, the
+    untuned function at 17..32, bucket 16's at 33..63: a second copy of its branch), right
+    at every size; with a plan measured on other records, each size goes to the nearest
+    bucket."""
+    work = str(tmp_path / "work")
+    shutil.copytree(planned, work)
+    _write_ranges(work, [[1, 15, 64], [17, 32, None], [33, 63, 16]])
+    apply = rt.ApplyDatabase(work_dir=work)
+    with target:
+        out = apply(tvm.IRModule({"main": _matmul()}))
+    assert apply.applied == ["main"]
+    base = normalize_mod(_matmul())
+    branches = [({"n": s}, dynamic.replay_symbolic(base, _best(work, s, target).trace_json,
+                                                   {"n": s})) for s in (16, 64)]
+    expected = dynamic.dispatch_function(base["main"], branches,
+                                         served=[[[16, 16], [33, 63]], [[64, 64], [1, 15]]])
+    assert tvm_ffi.structural_equal(out["main"].body, expected.body, map_free_vars=True)
+    text = out["main"].script()
+    assert "n == T.int64(16)" in text and "T.int64(33) <= n and n <= T.int64(63)" in text
+    lib = tvm.compile(tvm.IRModule({"main": out["main"].with_attr("global_symbol", "main")}),
+                      target)
+    rng = np.random.default_rng(5)
+    for n in (1, 7, 15, 16, 20, 32, 33, 50, 64, 65, 100):
+        a = rng.uniform(-1, 1, (n, 64)).astype("float32")
+        b = rng.uniform(-1, 1, (64, 48)).astype("float32")
+        c = tvm.runtime.tensor(np.zeros((n, 48), "float32"))
+        lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+        np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
+
+    _write_ranges(work, [[1, 15, 64], [17, 32, None], [33, 63, 16]],
+                  records={"16": "another record", "64": "another record"})
+    with caplog.at_level(logging.INFO, logger="relax_tune.dispatch_plan"), target:
+        out = rt.ApplyDatabase(work_dir=work)(tvm.IRModule({"main": _matmul()}))
+    assert "measured with other records" in caplog.text
+    nearest = dynamic.dispatch_function(base["main"], branches)
+    assert tvm_ffi.structural_equal(out["main"].body, nearest.body, map_free_vars=True)
+
+
+def test_served_ranges_need_one_variable():
+    m, n = tirx.Var("m", "int64"), tirx.Var("n", "int64")
+    a = te.placeholder((m, n), "float32", name="A")
+    func = te.create_prim_func([a, topi.exp(a)])
+    with pytest.raises(ValueError, match="one symbolic variable"):
+        dynamic.dispatch_function(func, [({"m": 4, "n": 4}, func)], served=[[[1, 4]]])
+
+
+def test_dispatch_plan_option_is_checked():
+    with pytest.raises(RelaxTuneError, match="dispatch_plan"):
+        rt.TuneConfig(dispatch_plan="yes")
