@@ -21,10 +21,8 @@ not timed again) and optional (``TuneConfig.dispatch_plan``).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -33,9 +31,11 @@ import tvm
 
 from . import dynamic
 from .database import Database, is_baseline
-from .dispatch_rank import BUCKET_ALTERNATIVES, bucket_records, ranking_for, read_rankings
+from .dispatch_rank import (BUCKET_ALTERNATIVES, bucket_records, ranking_for,
+                            read_rankings)
 from .search import candidate_key
 from .utils import args_info, normalize_mod, structural_hash
+from .work_dir import read_json_entries, write_json
 
 logger = logging.getLogger("relax_tune.dispatch_plan")
 
@@ -80,27 +80,8 @@ def stretches(hinted: Sequence[int]) -> list[tuple[int, int, int, int | None]]:
 def read_plans(work_dir: str | None) -> dict[str, dict[str, Any]]:
     """``{symbolic function's structural hash: plan}`` from ``work_dir``'s plan file, or {}
     (none, or unreadable: logged)."""
-    if work_dir is None:
-        return {}
-    path = os.path.join(work_dir, PLAN_FILE)
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as file:
-            data = json.load(file)
-        return {str(k): v for k, v in data.items() if isinstance(v, dict)}
-    except (OSError, ValueError) as err:
-        logger.warning("%s is unreadable (%s); dynamic shapes dispatch to the nearest bucket",
-                       path, err)
-        return {}
-
-
-def _write_plans(work_dir: str, plans: dict[str, dict[str, Any]]) -> None:
-    path = os.path.join(work_dir, PLAN_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as file:
-        json.dump(plans, file, indent=1, sort_keys=True)
-    os.replace(tmp, path)  # never a half-written file
+    return read_json_entries(work_dir, PLAN_FILE,
+                             "dynamic shapes dispatch to the nearest bucket")
 
 
 def served_ranges(plans: dict[str, dict[str, Any]], base: tvm.IRModule,
@@ -160,7 +141,7 @@ def plan_dispatch(tasks: Sequence[Any], db: Database, measurer: Any, work_dir: s
         plan = _plan_one(group, orders, measurer, _untuned_contends(group, db))
         if plan is not None:
             plans[shash] = dict(plan, first=firsts)
-            _write_plans(work_dir, plans)
+            write_json(work_dir, PLAN_FILE, plans)
             done += 1
     return done
 

@@ -17,10 +17,8 @@ fastest static record runs, as before.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +29,7 @@ from . import dynamic
 from .database import Database, is_baseline
 from .search import candidate_key
 from .utils import args_info, normalize_mod, structural_hash
+from .work_dir import read_json_entries, write_json
 
 logger = logging.getLogger("relax_tune.dispatch_rank")
 
@@ -52,27 +51,8 @@ def _bucket_id(shash: int, sizes: dict[str, int]) -> str:
 def read_rankings(work_dir: str | None) -> dict[str, dict[str, Any]]:
     """``{bucket id: {"key": {record key: score or None (failed)}, ...}}`` from
     ``work_dir``'s ranking file, or {} (none, or unreadable: logged)."""
-    if work_dir is None:
-        return {}
-    path = os.path.join(work_dir, RANKING_FILE)
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as file:
-            data = json.load(file)
-        return {str(k): v for k, v in data.items() if isinstance(v, dict)}
-    except (OSError, ValueError) as err:
-        logger.warning("%s is unreadable (%s); dynamic-shape buckets run their fastest static "
-                       "record", path, err)
-        return {}
-
-
-def _write_rankings(work_dir: str, rankings: dict[str, dict[str, Any]]) -> None:
-    path = os.path.join(work_dir, RANKING_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as file:
-        json.dump(rankings, file, indent=1, sort_keys=True)
-    os.replace(tmp, path)  # never a half-written file
+    return read_json_entries(work_dir, RANKING_FILE,
+                             "dynamic-shape buckets run their fastest static record")
 
 
 def ranking_for(rankings: dict[str, dict[str, Any]], workload: tvm.IRModule,
@@ -120,7 +100,7 @@ def rank_buckets(tasks: Sequence[Any], db: Database, measurer: Any, work_dir: st
         entry = rankings.setdefault(key, {"task": task.task_name, "scores": {}})
         entry["scores"].update(_rank_one(task, records, hinted[structural_hash(task.symbolic)],
                                          measurer, UNTUNED not in entry["scores"]))
-        _write_rankings(work_dir, rankings)
+        write_json(work_dir, RANKING_FILE, rankings)
         done += 1
         best = min(((s, k) for k, s in entry["scores"].items() if s is not None),
                    default=(None, None))

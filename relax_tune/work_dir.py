@@ -5,6 +5,10 @@
     work_dir/tasks.json                    task names, weights and function names by hash
                                            (and the sizes of dynamic-shape buckets)
     work_dir/cost_model/                   the cost model, warm-started by the next run
+    work_dir/dispatch_ranking.json         (opt-in) dynamic-shape buckets' records ranked
+                                           as dispatched (dispatch_rank.py)
+    work_dir/dispatch_plan.json            which bucket serves which sizes, measured
+                                           (dispatch_plan.py)
     work_dir/logs/tune.log                 the full tuning log
 
 Tuning creates what is missing; applying records (``ApplyDatabase``, ``relax-tune
@@ -119,3 +123,32 @@ def read_task_meta(work_dir: str) -> dict[int, dict]:
     except (OSError, ValueError, KeyError, TypeError) as err:
         logger.warning("%s is unreadable (%s); task names and weights unknown", path, err)
         return {}
+
+
+def read_json_entries(work_dir: str | None, name: str, unreadable: str
+                      ) -> dict[str, dict[str, Any]]:
+    """The object entries of the JSON file ``name`` in ``work_dir`` (``{key: dict}``), or {}
+    when there is none; an unreadable one is logged with what happens then
+    (``unreadable``) and read as {}."""
+    if work_dir is None:
+        return {}
+    path = os.path.join(work_dir, name)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+        return {str(k): v for k, v in data.items() if isinstance(v, dict)}
+    except (OSError, ValueError, AttributeError) as err:
+        logger.warning("%s is unreadable (%s); %s", path, err, unreadable)
+        return {}
+
+
+def write_json(work_dir: str, name: str, data: Any) -> None:
+    """``data`` as the JSON file ``name`` in ``work_dir``, replacing it whole (never a
+    half-written file)."""
+    path = os.path.join(work_dir, name)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as file:
+        json.dump(data, file, indent=1, sort_keys=True)
+    os.replace(tmp, path)

@@ -21,20 +21,14 @@ from relax_tune.dispatch_plan import PLAN_FILE, read_plans, stretches
 from relax_tune.search import candidate_key
 from relax_tune.utils import RelaxTuneError, normalize_mod, structural_hash
 from relax_tune.work_dir import open_for_apply
+from workloads import symbolic_matmul
 
 HINTS = {"n": [16, 64]}
 
 
-def _matmul() -> tirx.PrimFunc:
-    n = tirx.Var("n", "int64")
-    a = te.placeholder((n, 64), "float32", name="A")
-    b = te.placeholder((64, 48), "float32", name="B")
-    return te.create_prim_func([a, b, topi.matmul(a, b)])
-
-
 def _best(work_dir: str, size: int, target):
     db = open_for_apply(work_dir)
-    workload = normalize_mod(dynamic.specialize(_matmul(), {"n": size}))
+    workload = normalize_mod(dynamic.specialize(symbolic_matmul(), {"n": size}))
     records = db.get_top_k(db.commit_workload(workload), 1, target)
     assert records and not is_baseline(records[0])
     return records[0]
@@ -45,7 +39,7 @@ def planned(tmp_path_factory, target) -> str:
     """A work_dir with the symbolic matmul tuned at n=16 and n=64 and its dispatch
     measured (on by default)."""
     work = str(tmp_path_factory.mktemp("plan") / "work")
-    rt.tune_tir(_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
+    rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
                 shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0)
     return work
 
@@ -61,7 +55,7 @@ def test_tuning_measures_the_dispatch(planned, target):
     served by a bucket or the untuned function, with the records ApplyDatabase applies and
     the times it was decided on."""
     plans = read_plans(planned)
-    base = normalize_mod(_matmul())
+    base = normalize_mod(symbolic_matmul())
     plan = plans[str(structural_hash(base))]
     assert [r[:2] for r in plan["ranges"]] == [[1, 15], [17, 32], [33, 63]]
     assert all(owner in (16, 64, None) for _, _, owner in plan["ranges"])
@@ -77,7 +71,7 @@ def test_planning_is_resumed_not_repeated(planned, target, tmp_path, caplog):
     shutil.copytree(planned, work)
     before = open(os.path.join(work, PLAN_FILE)).read()
     with caplog.at_level(logging.INFO, logger="relax_tune.dispatch_plan"):
-        rt.tune_tir(_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
+        rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
                     shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0)
     assert "dispatch measured" not in caplog.text
     assert open(os.path.join(work, PLAN_FILE)).read() == before
@@ -103,9 +97,9 @@ def test_apply_database_follows_the_plan(planned, target, tmp_path, caplog):
     _write_ranges(work, [[1, 15, 64], [17, 32, None], [33, 63, 16]])
     apply = rt.ApplyDatabase(work_dir=work)
     with target:
-        out = apply(tvm.IRModule({"main": _matmul()}))
+        out = apply(tvm.IRModule({"main": symbolic_matmul()}))
     assert apply.applied == ["main"]
-    base = normalize_mod(_matmul())
+    base = normalize_mod(symbolic_matmul())
     branches = [({"n": s}, dynamic.replay_symbolic(base, _best(work, s, target).trace_json,
                                                    {"n": s})) for s in (16, 64)]
     expected = dynamic.dispatch_function(base["main"], branches,
@@ -126,7 +120,7 @@ def test_apply_database_follows_the_plan(planned, target, tmp_path, caplog):
     _write_ranges(work, [[1, 15, 64], [17, 32, None], [33, 63, 16]],
                   records={"16": "another record", "64": "another record"})
     with caplog.at_level(logging.INFO, logger="relax_tune.dispatch_plan"), target:
-        out = rt.ApplyDatabase(work_dir=work)(tvm.IRModule({"main": _matmul()}))
+        out = rt.ApplyDatabase(work_dir=work)(tvm.IRModule({"main": symbolic_matmul()}))
     assert "measured with other records" in caplog.text
     nearest = dynamic.dispatch_function(base["main"], branches)
     assert tvm_ffi.structural_equal(out["main"].body, nearest.body, map_free_vars=True)

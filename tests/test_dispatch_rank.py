@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from tvm import te, tirx, topi
 
 import relax_tune as rt
 from relax_tune import dynamic
@@ -22,27 +21,21 @@ from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.search import candidate_key
 from relax_tune.utils import RelaxTuneError, args_info, normalize_mod, structural_hash
 from relax_tune.work_dir import open_for_apply
+from workloads import symbolic_matmul
 
 HINTS = {"n": [16, 64]}
-
-
-def _matmul() -> tirx.PrimFunc:
-    n = tirx.Var("n", "int64")
-    a = te.placeholder((n, 64), "float32", name="A")
-    b = te.placeholder((64, 48), "float32", name="B")
-    return te.create_prim_func([a, b, topi.matmul(a, b)])
 
 
 def _bucket_records(work_dir: str, size: int, target) -> list:
     """The records of the bucket at n=``size``, fastest (static) first, baseline excluded."""
     db = open_for_apply(work_dir)
-    workload = normalize_mod(dynamic.specialize(_matmul(), {"n": size}))
+    workload = normalize_mod(dynamic.specialize(symbolic_matmul(), {"n": size}))
     records = db.get_top_k(db.commit_workload(workload), 32, target)
     return [r for r in records if not is_baseline(r)]
 
 
 def _ranking_id(size: int) -> str:
-    workload = normalize_mod(dynamic.specialize(_matmul(), {"n": size}))
+    workload = normalize_mod(dynamic.specialize(symbolic_matmul(), {"n": size}))
     return f"{structural_hash(workload)}:n={size}"
 
 
@@ -51,7 +44,7 @@ def tuned(tmp_path_factory, target) -> str:
     """A work_dir with the symbolic matmul tuned at n=16 and n=64 (8 trials each), its
     buckets ranked (no dispatch plan: ApplyDatabase dispatches to the nearest bucket)."""
     work = str(tmp_path_factory.mktemp("rank") / "work")
-    rt.tune_tir(_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
+    rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
                 shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0,
                 dispatch_ranking=3, dispatch_plan=False)
     return work
@@ -77,7 +70,7 @@ def test_ranking_is_resumed_not_repeated(tuned, target, tmp_path, caplog):
     shutil.copytree(tuned, work)
     before = open(os.path.join(work, RANKING_FILE)).read()
     with caplog.at_level(logging.INFO, logger="relax_tune.dispatch_rank"):
-        rt.tune_tir(_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
+        rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
                     shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0,
                     dispatch_ranking=3, dispatch_plan=False)
     assert "ranked as dispatched" not in caplog.text
@@ -95,7 +88,7 @@ def _write_scores(work: str, scores_by_size: dict[int, dict]) -> None:
 def _applied(work: str, target) -> tuple[tvm.IRModule, rt.ApplyDatabase]:
     apply = rt.ApplyDatabase(work_dir=work)
     with target:
-        out = apply(tvm.IRModule({"main": _matmul()}))
+        out = apply(tvm.IRModule({"main": symbolic_matmul()}))
     return out, apply
 
 
@@ -112,7 +105,7 @@ def test_apply_database_follows_the_ranking(tuned, target, tmp_path):
                          64: {candidate_key(best64.trace_json): 1e-6, UNTUNED: 1.0}})
     out, apply = _applied(work, target)
     assert apply.applied == ["main"]
-    base = normalize_mod(_matmul())
+    base = normalize_mod(symbolic_matmul())
     expected = dynamic.dispatch_function(base["main"], [
         ({"n": 16}, dynamic.replay_symbolic(base, second16.trace_json, {"n": 16})),
         ({"n": 64}, dynamic.replay_symbolic(base, best64.trace_json, {"n": 64}))])
@@ -133,7 +126,7 @@ def test_a_marked_workload_builds_as_its_bucket_runs(tuned, target):
     """A build worker makes the bucket's dispatch of a workload marked by
     ``dispatch_workload``: correct inside the bucket (n=20, served by n=16 up to 32) and
     above it (n=40, the untuned body); a trace that does not fit fails with a reason."""
-    base = normalize_mod(_matmul())
+    base = normalize_mod(symbolic_matmul())
     marked = dynamic.dispatch_workload(base, {"n": 16}, HINTS)
     trace = _bucket_records(tuned, 16, target)[0].trace_json
     builder, runner = LocalBuilder(max_workers=1), LocalRunner()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import tvm
-from tvm import te
+from tvm import te, tirx, topi
 from tvm.s_tir import Schedule
 
 from relax_tune import utils
@@ -18,6 +18,14 @@ def matmul_mod(n: int = 64) -> tvm.IRModule:
     k = te.reduce_axis((0, n), name="k")
     C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
     return utils.normalize_mod(te.create_prim_func([A, B, C]))
+
+
+def symbolic_matmul() -> tirx.PrimFunc:
+    """C = A @ B with A of n x 64 (``n`` symbolic) and B of 64 x 48, float32."""
+    n = tirx.Var("n", "int64")
+    a = te.placeholder((n, 64), "float32", name="A")
+    b = te.placeholder((64, 48), "float32", name="B")
+    return te.create_prim_func([a, b, topi.matmul(a, b)])
 
 
 def tiled_matmul_trace(mod: tvm.IRModule, k_inside_rows: bool = True) -> list:
