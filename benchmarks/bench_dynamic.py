@@ -180,6 +180,8 @@ def bench_model(name: str, args, target, root: str) -> tuple[list[str], bool]:
     options = dict(max_time=args.max_time) if args.max_time else {}
     if args.dispatch_ranking is not None:
         options["dispatch_ranking"] = args.dispatch_ranking
+    if args.no_dispatch_plan:
+        options["dispatch_plan"] = False
     start = time.perf_counter()
     tuned_ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
         "relax_tune", target=target, work_dir=work_dir, max_trials_global=budget,
@@ -242,6 +244,9 @@ def main() -> int:
     parser.add_argument("--dispatch-ranking", type=int, default=None, metavar="N",
                         help="records per dynamic-shape bucket timed as dispatched after "
                              "the search (TuneConfig.dispatch_ranking; 0: off)")
+    parser.add_argument("--no-dispatch-plan", action="store_true",
+                        help="each size runs its nearest bucket's kernel: no dispatch measured "
+                             "after the search (TuneConfig.dispatch_plan=False)")
     parser.add_argument("--small", action="store_true", help="reduced models (smoke run)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=7)
