@@ -100,11 +100,17 @@ def served_ranges(plans: dict[str, dict[str, Any]], base: tvm.IRModule,
         logger.info("%s: its dispatch plan was measured with other records; the nearest "
                     "bucket serves each size", label)
         return None
-    served: list[list[list[int]]] = []
-    for sizes, _ in branches:
-        size = int(next(iter(sizes.values())))
-        served.append([[size, size]] + [[low, high] for low, high, owner in plan["ranges"]
-                                        if owner == size])
+    try:
+        served: list[list[list[int]]] = []
+        for sizes, _ in branches:
+            size = int(next(iter(sizes.values())))
+            served.append([[size, size]] + [[int(low), int(high)]
+                                            for low, high, owner in plan["ranges"]
+                                            if owner == size])
+    except (KeyError, TypeError, ValueError) as err:  # a plan file edited by hand
+        logger.warning("%s: its dispatch plan is malformed (%s: %s); the nearest bucket "
+                       "serves each size", label, type(err).__name__, err)
+        return None
     return served
 
 

@@ -279,7 +279,15 @@ class ApplyDatabase:
             return None
         served = served_ranges(read_plans(self.work_dir), base, branches, keys, name)
         try:
-            new = dynamic.dispatch_function(base["main"], branches, served=served)
+            if served is not None:
+                try:
+                    new = dynamic.dispatch_function(base["main"], branches, served=served)
+                except Exception as err:  # the nearest bucket serves each size then
+                    logger.warning("%s: dispatch plan not followed (%s); each size runs its "
+                                   "nearest bucket's kernel", name, err)
+                    served = None
+            if served is None:
+                new = dynamic.dispatch_function(base["main"], branches)
         except Exception as err:  # never crash the compilation: the function stays untuned
             logger.warning("%s: dispatching function not built (%s); left unchanged", name,
                            err)

@@ -126,6 +126,24 @@ def test_apply_database_follows_the_plan(planned, target, tmp_path, caplog):
     assert tvm_ffi.structural_equal(out["main"].body, nearest.body, map_free_vars=True)
 
 
+def test_a_malformed_plan_falls_back_to_the_nearest_bucket(planned, target, tmp_path, caplog):
+    """A plan whose ranges are not ``[low, high, bucket]`` (edited by hand) is logged and
+    each size goes to its nearest bucket; the compilation goes on."""
+    work = str(tmp_path / "work")
+    shutil.copytree(planned, work)
+    _write_ranges(work, [[1, 15], "nonsense"])
+    with caplog.at_level(logging.WARNING, logger="relax_tune.dispatch_plan"), target:
+        apply = rt.ApplyDatabase(work_dir=work)
+        out = apply(tvm.IRModule({"main": symbolic_matmul()}))
+    assert "dispatch plan is malformed" in caplog.text
+    assert apply.applied == ["main"]
+    base = normalize_mod(symbolic_matmul())
+    branches = [({"n": s}, dynamic.replay_symbolic(base, _best(work, s, target).trace_json,
+                                                   {"n": s})) for s in (16, 64)]
+    nearest = dynamic.dispatch_function(base["main"], branches)
+    assert tvm_ffi.structural_equal(out["main"].body, nearest.body, map_free_vars=True)
+
+
 def test_served_ranges_need_one_variable():
     m, n = tirx.Var("m", "int64"), tirx.Var("n", "int64")
     a = te.placeholder((m, n), "float32", name="A")
