@@ -55,7 +55,8 @@ class TuneConfig:
     dispatch_plan: after the search (and the ranking), each dynamic-shape function's
         buckets' kernels are timed at sizes between the hinted ones, and a size goes to the
         kernel clearly fastest there rather than to the nearest bucket
-        (``relax_tune.dispatch_plan``; needs a work_dir). A symbolic build per bucket.
+        (``relax_tune.dispatch_plan``; needs a work_dir). True (default): on; a symbolic
+        build per bucket and a few runs per stretch (40-50 s for a transformer layer).
     builder: a ``relax_tune.measure`` builder (None: a ``LocalBuilder`` per session).
     runner: a ``relax_tune.measure`` runner (None: a ``LocalRunner`` per session).
     """
