@@ -197,7 +197,11 @@ def _plan_one(group: list[Any], orders: list[list], measurer: Any,
     sizes = [_size(t) for t in group]
     symbolic, target = group[0].symbolic, group[0].target
     start = time.monotonic()
-    built = _build(group, orders, symbolic, target, {var: sizes}, [[1, sizes[-1]]], measurer)
+    # the untuned function is a contender next to the buckets it ran close to, and where a
+    # bucket has no record to serve with
+    untuned = bool(untuned_near) or not all(orders)
+    built = _build(group, orders, symbolic, target, {var: sizes}, [[1, sizes[-1]]], measurer,
+                   untuned)
     if len([k for k in built if k is not None]) < 2:
         measurer.builder.discard([b[0] for b in built.values()])
         return None
@@ -258,16 +262,19 @@ class _Planner:
 
 
 def _build(group: list[Any], orders: list[list], symbolic: tvm.IRModule, target: Any,
-           hinted: dict[str, list[int]], serves: list[list[int]], measurer: Any
-           ) -> dict[int | None, tuple[str, str | None, tvm.IRModule]]:
-    """``{bucket size (None: the untuned function): (artifact, record key, workload)}``:
-    each bucket's first record that builds as its dispatch serving ``serves``, tried in
-    ``ApplyDatabase``'s order (``orders``), the buckets built side by side."""
+           hinted: dict[str, list[int]], serves: list[list[int]], measurer: Any,
+           untuned: bool) -> dict[int | None, tuple[str, str | None, tvm.IRModule]]:
+    """``{bucket size (None: the untuned function, when ``untuned``): (artifact, record
+    key, workload)}``: each bucket's first record that builds as its dispatch serving
+    ``serves``, tried in ``ApplyDatabase``'s order (``orders``), the buckets built side by
+    side."""
     marked = {_size(t): dynamic.dispatch_workload(symbolic, t.shape, hinted, serves)
               for t in group}
+    marked[None] = marked[_size(group[0])]  # built without a trace: the untuned function
     todo = {_size(t): list(records) for t, records in zip(group, orders) if records}
     built: dict[int | None, tuple[str, str | None, tvm.IRModule]] = {}
-    pending = [(None, None, measurer.builder.submit(marked[_size(group[0])], target, [None]))]
+    pending = [(None, None, measurer.builder.submit(marked[None], target, [None]))] \
+        if untuned else []
     while todo or pending:
         for size, records in list(todo.items()):
             record = records.pop(0)
@@ -279,8 +286,7 @@ def _build(group: list[Any], orders: list[list], symbolic: tvm.IRModule, target:
             result = job.result()[0]
             if result.ok and size not in built:
                 key = None if record is None else candidate_key(record.trace_json)
-                built[size] = (result.artifact_path, key, marked[_size(group[0])]
-                               if size is None else marked[size])
+                built[size] = (result.artifact_path, key, marked[size])
                 todo.pop(size, None)  # as ApplyDatabase: the first that replays
             elif result.ok:
                 measurer.builder.discard([result.artifact_path])

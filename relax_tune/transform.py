@@ -205,13 +205,16 @@ class ApplyDatabase:
         out = mod.clone()
         self.applied, self.kept = [], []
         bounds = upper_bounds(mod)
+        side: tuple[dict, dict] | None = None  # the work_dir's ranking and plan, read once
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc):
                 continue
             if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
                 continue
             if dynamic_shape_vars(func):
-                new = self._apply_dynamic(db, gv.name_hint, func, target, bounds)
+                if side is None:
+                    side = read_rankings(self.work_dir), read_plans(self.work_dir)
+                new = self._apply_dynamic(db, gv.name_hint, func, target, bounds, *side)
             else:
                 new = self._apply_one(db, gv.name_hint, func, target)
             if new is not None:
@@ -230,9 +233,11 @@ class ApplyDatabase:
         return out
 
     def _apply_dynamic(self, db: Database, name: str, func: tirx.PrimFunc, target,
-                       bounds: dict[str, int]) -> tirx.PrimFunc | None:
+                       bounds: dict[str, int], rankings: dict, plans: dict
+                       ) -> tirx.PrimFunc | None:
         """The dispatching function of a symbolic ``func`` built from the records of its
-        buckets, or None (no bucket has a record, or it cannot be built)."""
+        buckets (in the order of the work_dir's ``rankings``, serving the sizes its
+        ``plans`` say), or None (no bucket has a record, or it cannot be built)."""
         if target.kind.name != "llvm":
             # One kernel with an if/else over n cannot hold GPU branches that synchronise
             # threads (TVM: "Cannot insert syncs inside condition"); dlight schedules it.
@@ -246,7 +251,6 @@ class ApplyDatabase:
                         name, err)
             return None
         base = normalize_mod(dynamic_base(func))
-        rankings = read_rankings(self.work_dir)
         branches, tuned, kept, keys = [], [], [], []
         for bucket, workload in specialised:
             try:
@@ -277,7 +281,7 @@ class ApplyDatabase:
         if not tuned:
             self.kept.append(name)
             return None
-        served = served_ranges(read_plans(self.work_dir), base, branches, keys, name)
+        served = served_ranges(plans, base, branches, keys, name)
         try:
             if served is not None:
                 try:

@@ -92,10 +92,7 @@ def write_task_meta(work_dir: str, tasks: Iterable[Any]) -> str:
         if getattr(task, "shape", None):  # a bucket of a symbolic function: ApplyDatabase
             meta[int(task.shash)]["shape"] = dict(task.shape)  # finds its size here
     os.makedirs(work_dir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as file:
-        json.dump([{"shash": str(k), **v} for k, v in meta.items()], file, indent=1)
-    os.replace(tmp, path)  # never leave a half-written file behind
+    write_json(work_dir, TASK_META_FILE, [{"shash": str(k), **v} for k, v in meta.items()])
     return path
 
 
