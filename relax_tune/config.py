@@ -53,10 +53,10 @@ class TuneConfig:
         needs a work_dir). 0 (default): off, the fastest static record is applied. It costs
         a symbolic build per record (3 per bucket: ~300 s on the Llama block's 70 tasks).
     dispatch_plan: after the search (and the ranking), each dynamic-shape function's
-        buckets' kernels are timed at sizes between the hinted ones, and a size goes to the
-        kernel clearly fastest there rather than to the nearest bucket
+        buckets' kernels are timed at the hinted sizes and between them, and a size goes to
+        the kernel clearly fastest there rather than to the nearest bucket
         (``relax_tune.dispatch_plan``; needs a work_dir). True (default): on; a symbolic
-        build per bucket and a few runs per stretch (40-50 s for a transformer layer).
+        build per bucket and a few runs per stretch (~65 s for a BERT layer).
     builder: a ``relax_tune.measure`` builder (None: a ``LocalBuilder`` per session).
     runner: a ``relax_tune.measure`` runner (None: a ``LocalRunner`` per session).
     """

@@ -6,11 +6,11 @@ parallel loop may deal uneven work to the threads, and another bucket's record c
 much faster there. BERT's FFN down (Zen 4, 2 threads): bucket 256's record ran 13.9 ms at
 n=300, bucket 16's 7.7 ms. So after the search, ``plan_dispatch`` builds each bucket's
 record as ``ApplyDatabase`` replays it, serving every size, and times all of them (and the
-untuned function) at one probe size inside each stretch between neighbouring hinted sizes
-(two stretches per gap, split where the nearest bucket changes; ``stretches``). A stretch
-goes to the fastest there when it is clearly faster (``MARGIN``) than the nearest bucket
-and computes the right result at the probe; the hinted sizes themselves stay with their
-own bucket, sizes above the largest with the untuned function.
+untuned function) at each hinted size and at one probe size inside each stretch between
+neighbouring hinted sizes (four stretches per gap, one split where the nearest bucket
+changes; ``stretches``). A stretch (or hinted size) goes to the fastest there when it is
+clearly faster (``MARGIN``) than the nearest bucket and computes the right result at the
+probe; sizes above the largest go to the untuned function.
 
 The plan is kept in ``work_dir/dispatch_plan.json`` with the record each bucket was timed
 with; ``ApplyDatabase`` follows it (``served_ranges``) only while every bucket still
@@ -55,11 +55,18 @@ UNTUNED_WITHIN = 2.0
 within this factor of the bucket's best record."""
 
 
-def stretches(hinted: Sequence[int]) -> list[tuple[int, int, int, int | None]]:
-    """``(low, high, probe, nearest bucket or None)`` for the sizes between and below the
-    ``hinted`` ones: each gap between neighbours split where the nearest bucket (log scale,
-    ``dynamic.upper_limit``) changes, the part below the smallest one whole; the probe is
-    the stretch's geometric middle."""
+def stretches(hinted: Sequence[int], per_gap: int = 4
+              ) -> list[tuple[int, int, int, int | None]]:
+    """``(low, high, probe, nearest bucket or None)`` for every size up to the largest of
+    the ``hinted`` ones: each hinted size alone (its own probe), each gap between neighbours
+    split into ``per_gap`` stretches of equal ratio and where the nearest bucket changes
+    (``dynamic.upper_limit``), the part below the smallest one whole; the probe is a
+    stretch's geometric middle.
+
+    Why that fine: how a kernel pads its tiles changes along a stretch, and with two
+    stretches per gap one probe (n=363) decided for all of n=257..512. Why the hinted sizes:
+    timed with the cache flushed, a bucket's own record is not always the fastest kernel at
+    its size (BERT's FFN up at n=256, Zen 4: bucket 64's 5.86 ms, bucket 256's 6.85)."""
     sizes = sorted({int(s) for s in hinted})
     out = []
 
@@ -72,8 +79,13 @@ def stretches(hinted: Sequence[int]) -> list[tuple[int, int, int, int | None]]:
         add(1, sizes[0] - 1, sizes[0])
     for a, b in zip(sizes, sizes[1:]):
         middle = dynamic.upper_limit(a, sizes)
-        add(a + 1, middle, a)
-        add(middle + 1, b - 1, b)
+        add(a, a, a)
+        cuts = sorted({a} | {max(a, min(b - 1, round(a * (b / a) ** (k / per_gap))))
+                             for k in range(1, per_gap) if 2 * k != per_gap} | {middle, b - 1})
+        for low, high in zip(cuts, cuts[1:]):
+            add(low + 1, high, a if high <= middle else b)
+    if sizes:
+        add(sizes[-1], sizes[-1], sizes[-1])
     return out
 
 
@@ -104,9 +116,10 @@ def served_ranges(plans: dict[str, dict[str, Any]], base: tvm.IRModule,
         served: list[list[list[int]]] = []
         for sizes, _ in branches:
             size = int(next(iter(sizes.values())))
-            served.append([[size, size]] + [[int(low), int(high)]
-                                            for low, high, owner in plan["ranges"]
-                                            if owner == size])
+            own = [] if any(int(low) <= size <= int(high) for low, high, _ in plan["ranges"]) \
+                else [[size, size]]  # plans before hinted sizes were timed
+            served.append(own + [[int(low), int(high)] for low, high, owner in plan["ranges"]
+                                 if owner == size])
     except (KeyError, TypeError, ValueError) as err:  # a plan file edited by hand
         logger.warning("%s: its dispatch plan is malformed (%s: %s); the nearest bucket "
                        "serves each size", label, type(err).__name__, err)

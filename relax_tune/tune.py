@@ -119,7 +119,7 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
     symbolic function, and the fastest there is the one applied
     (``relax_tune.dispatch_rank``); with ``max_time``, the last ``RANKING_SHARE`` of it is
     kept for that. Then (``dispatch_plan``, on by default) each dynamic-shape function's
-    bucket kernels are timed between the hinted sizes, and each size goes to the one
+    bucket kernels are timed at and between the hinted sizes, and each size goes to the one
     clearly fastest there (``relax_tune.dispatch_plan``); ``PLAN_SHARE`` of ``max_time``
     is kept for it.
 

@@ -44,24 +44,31 @@ def planned(tmp_path_factory, target) -> str:
     return work
 
 
-def test_stretches_split_each_gap_where_the_nearest_bucket_changes():
-    assert stretches([16, 64]) == [(1, 15, 4, 16), (17, 32, 23, 16), (33, 63, 46, 64)]
-    assert stretches([1, 2, 4]) == [(3, 3, 3, 4)]  # 1..2 and 2..4 leave one size between
-    assert stretches([8]) == [(1, 7, 3, 8)]
+def test_stretches_cover_hinted_sizes_and_split_each_gap_four_ways():
+    assert stretches([16, 64]) == [(1, 15, 4, 16), (16, 16, 16, 16), (17, 23, 20, 16),
+                                   (24, 32, 28, 16), (33, 45, 39, 64), (46, 63, 54, 64),
+                                   (64, 64, 64, 64)]
+    # the split where the nearest bucket changes is kept with any number per gap
+    assert stretches([16, 64], per_gap=2) == [(1, 15, 4, 16), (16, 16, 16, 16),
+                                              (17, 32, 23, 16), (33, 63, 46, 64),
+                                              (64, 64, 64, 64)]
+    assert stretches([1, 2, 4]) == [(1, 1, 1, 1), (2, 2, 2, 2), (3, 3, 3, 4), (4, 4, 4, 4)]
+    assert stretches([8]) == [(1, 7, 3, 8), (8, 8, 8, 8)]
 
 
 def test_tuning_measures_the_dispatch(planned, target):
-    """The plan covers every size up to the largest bucket but the hinted ones, each stretch
-    served by a bucket or the untuned function, with the records ApplyDatabase applies and
-    the times it was decided on."""
+    """The plan covers every size up to the largest bucket, each stretch served by a bucket
+    or the untuned function, with the records ApplyDatabase applies and the times it was
+    decided on."""
     plans = read_plans(planned)
     base = normalize_mod(symbolic_matmul())
     plan = plans[str(structural_hash(base))]
-    assert [r[:2] for r in plan["ranges"]] == [[1, 15], [17, 32], [33, 63]]
+    assert [r[:2] for r in plan["ranges"]] == [[1, 15], [16, 16], [17, 23], [24, 32],
+                                               [33, 45], [46, 63], [64, 64]]
     assert all(owner in (16, 64, None) for _, _, owner in plan["ranges"])
     assert plan["records"] == {str(s): candidate_key(_best(planned, s, target).trace_json)
                                for s in (16, 64)}
-    for probe in ("4", "23", "46"):
+    for probe in ("4", "16", "20", "28", "39", "54", "64"):
         assert {"16", "64"} <= set(plan["probes"][probe])
         assert all(t > 0 for t in plan["probes"][probe].values())
 
@@ -124,6 +131,39 @@ def test_apply_database_follows_the_plan(planned, target, tmp_path, caplog):
     assert "measured with other records" in caplog.text
     nearest = dynamic.dispatch_function(base["main"], branches)
     assert tvm_ffi.structural_equal(out["main"].body, nearest.body, map_free_vars=True)
+
+
+def test_a_hinted_size_can_go_to_another_bucket(planned, target, tmp_path):
+    """Where the plan gives a hinted size to another bucket's kernel (measured faster there),
+    its own bucket does not serve it; a plan without the hinted sizes (written before they
+    were timed) leaves each with its own bucket."""
+    work = str(tmp_path / "work")
+    shutil.copytree(planned, work)
+    base = normalize_mod(symbolic_matmul())
+    branches = [({"n": s}, dynamic.replay_symbolic(base, _best(work, s, target).trace_json,
+                                                   {"n": s})) for s in (16, 64)]
+    _write_ranges(work, [[1, 15, 64], [16, 16, 64], [17, 63, 16], [64, 64, 16]])
+    with target:
+        out = rt.ApplyDatabase(work_dir=work)(tvm.IRModule({"main": symbolic_matmul()}))
+    swapped = dynamic.dispatch_function(base["main"], branches,
+                                        served=[[[17, 63], [64, 64]], [[1, 15], [16, 16]]])
+    assert tvm_ffi.structural_equal(out["main"].body, swapped.body, map_free_vars=True)
+    lib = tvm.compile(tvm.IRModule({"main": out["main"].with_attr("global_symbol", "main")}),
+                      target)
+    rng = np.random.default_rng(6)
+    for n in (1, 16, 40, 64):
+        a = rng.uniform(-1, 1, (n, 64)).astype("float32")
+        b = rng.uniform(-1, 1, (64, 48)).astype("float32")
+        c = tvm.runtime.tensor(np.zeros((n, 48), "float32"))
+        lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+        np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
+
+    _write_ranges(work, [[1, 15, 64], [17, 63, 16]])
+    with target:
+        out = rt.ApplyDatabase(work_dir=work)(tvm.IRModule({"main": symbolic_matmul()}))
+    own = dynamic.dispatch_function(base["main"], branches,
+                                    served=[[[16, 16], [17, 63]], [[64, 64], [1, 15]]])
+    assert tvm_ffi.structural_equal(out["main"].body, own.body, map_free_vars=True)
 
 
 def test_a_malformed_plan_falls_back_to_the_nearest_bucket(planned, target, tmp_path, caplog):
