@@ -252,7 +252,8 @@ class _Planner:
         info = args_info(normalize_mod(dynamic.specialize(self.symbolic["main"],
                                                           {self.var: probe})))
         around = {max((b for b in self.sizes if b < low), default=None),
-                  min((b for b in self.sizes if b > high), default=None)}
+                  min((b for b in self.sizes if b > high), default=None)} | \
+            {b for b in self.sizes if low <= b <= high}  # a hinted size's own bucket
         contenders = {k: v for k, v in self.built.items()
                       if k is not None or owner is None or around & self.untuned_near}
         times = _time_at(contenders, owner, info, self.target, self.measurer)
