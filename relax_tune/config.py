@@ -56,7 +56,7 @@ class TuneConfig:
         buckets' kernels are timed at the hinted sizes and between them, and a size goes to
         the kernel clearly fastest there rather than to the nearest bucket
         (``relax_tune.dispatch_plan``; needs a work_dir). True (default): on; a symbolic
-        build per bucket and a few runs per stretch (~65 s for a BERT layer).
+        build per bucket and a few runs per stretch (45-65 s for a transformer layer).
     builder: a ``relax_tune.measure`` builder (None: a ``LocalBuilder`` per session).
     runner: a ``relax_tune.measure`` runner (None: a ``LocalRunner`` per session).
     """
