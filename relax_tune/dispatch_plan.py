@@ -248,7 +248,7 @@ class _Planner:
     def owner(self, low: int, high: int, probe: int, nearest: int | None) -> int | None:
         """The bucket (None: the untuned function) to serve ``low..high``, timed at
         ``probe``: the fastest there when clearly faster than the ``nearest`` bucket's and
-        right, else the nearest."""
+        right (at a hinted size, clearly faster timed warm too), else the nearest."""
         owner = nearest if nearest in self.built else None
         info = args_info(normalize_mod(dynamic.specialize(self.symbolic["main"],
                                                           {self.var: probe})))
@@ -276,7 +276,6 @@ class _Planner:
                     "the untuned function" if best is None else f"bucket {best}",
                     times[best] * 1e3, probe, owner, times[owner] * 1e3)
         return best
-
 
     def _faster_warm(self, best: int | None, owner: int | None, info: list) -> bool:
         """Whether ``best``'s kernel is also clearly faster than ``owner``'s timed warm.
