@@ -18,6 +18,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from .attention import FuseAttention
 from .fast_math import FastMath
 from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul
 from .winograd import WinogradConvolutions
@@ -97,7 +98,8 @@ def graph_passes(target: tvm.target.Target | None = None,
 def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = False,
                     cpu_weight_prepack: bool = False,
                     winograd: bool = True) -> list[tvm.transform.Pass]:
-    """The passes the "relax_tune" pipeline runs before tuning (graph passes, legalize,
+    """The passes the "relax_tune" pipeline runs before tuning (graph passes, on CPU
+    targets each attention grouped into one kernel: ``attention.FuseAttention``, legalize,
     fuse, FuseTIR, and on CPU targets vectorisable exp/erf/tanh/sigmoid: ``FastMath``).
 
     A model lowered with them (inside ``with target:``, after ``bind_params`` when the
@@ -110,6 +112,7 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
         *graph_passes(target, winograd),
         *([relax.transform.LiftTransformParams()] if lift_transform_params else []),
         *backend_pipeline(target).library_dispatch_passes(target),
+        *([FuseAttention()] if target.kind.name == "llvm" else []),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

@@ -12,9 +12,10 @@ from .params import TargetParams
 from .layout_rewrite import RewriteLayout
 from .operand_packing import PackOperands
 from .postproc import RewriteReductionBlock
+from .attention import FusedAttention
 from .compute_location import RandomComputeLocation
 from .rfactor import AddRFactor
-from .rule import Postproc, ScheduleRule
+from .rule import FunctionRule, Postproc, ScheduleRule
 
 
 def cpu_rules(params: TargetParams) -> list[ScheduleRule]:
@@ -31,6 +32,11 @@ def cpu_rules(params: TargetParams) -> list[ScheduleRule]:
     ]
 
 
+def cpu_function_rules(params: TargetParams) -> list[FunctionRule]:
+    """Whole-function schedules tried before the block rules: the fused attention."""
+    return [FusedAttention(params)]
+
+
 def cpu_postprocs(params: TargetParams) -> list[Postproc]:
     """The CPU postprocessors, in order: loop kinds and unroll pragmas first, then the
     reduction inits are decomposed out of the reduction loops, then register tiles that
@@ -43,7 +49,8 @@ def cpu_postprocs(params: TargetParams) -> list[Postproc]:
 
 def cpu_space(target: tvm.target.Target, params: TargetParams) -> SpaceGenerator:
     """The design space for an ``llvm`` target."""
-    return SpaceGenerator(target, cpu_rules(params), cpu_postprocs(params), params)
+    return SpaceGenerator(target, cpu_rules(params), cpu_postprocs(params), params,
+                          cpu_function_rules(params))
 
 
 register_space("llvm", cpu_space)

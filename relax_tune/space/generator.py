@@ -13,7 +13,7 @@ from tvm.s_tir import Schedule, Trace
 
 from . import analysis as A
 from .params import TargetParams, target_params
-from .rule import Postproc, ScheduleRule
+from .rule import FunctionRule, Postproc, ScheduleRule
 from .verify import check_decision, check_schedule, sampling_instructions, validate_decisions
 
 logger = logging.getLogger("relax_tune.space")
@@ -79,22 +79,27 @@ class Replayed:
 
 
 class SpaceGenerator:
-    """A design space for one target: schedule rules (applied rule by rule, each to every
-    block, consumers first, as MetaSchedule's post-order application) and postprocessors.
+    """A design space for one target: function rules (a whole function they recognise),
+    schedule rules (applied rule by rule, each to every block, consumers first, as
+    MetaSchedule's post-order application) and postprocessors.
 
     Args:
         target: the target the candidates are for.
         rules: the schedule rules, in order.
         postprocs: the postprocessors, in order.
         params: the target's parameters (default: read from ``target``).
+        function_rules: tried first, in order; the first that recognises the function
+            makes its sketches, and the schedule rules are not applied.
     """
 
     def __init__(self, target: tvm.target.Target, rules: Sequence[ScheduleRule],
-                 postprocs: Sequence[Postproc], params: TargetParams | None = None) -> None:
+                 postprocs: Sequence[Postproc], params: TargetParams | None = None,
+                 function_rules: Sequence[FunctionRule] = ()) -> None:
         self.target = target
         self.params = params or target_params(target)
         self.rules = list(rules)
         self.postprocs = list(postprocs)
+        self.function_rules = list(function_rules)
 
     # -- sketches -------------------------------------------------------------------------
 
@@ -127,16 +132,7 @@ class SpaceGenerator:
         if len(blocks) <= 1:
             logger.debug("no design space for %s: no blocks to schedule", name)
             return [empty_trace()]
-        schedules = [sch]
-        for rule in self.rules:
-            next_round: list[Schedule] = []
-            for current in schedules:
-                next_round.extend(self._apply_rule(current, rule, blocks))
-            if len(next_round) > MAX_SKETCHES:
-                logger.debug("%s made %d sketches; keeping %d", rule, len(next_round),
-                             MAX_SKETCHES)
-                next_round = next_round[:MAX_SKETCHES]
-            schedules = next_round or schedules
+        schedules = self._function_sketches(sch) or self._block_sketches(sch, blocks)
         traces: list[Trace] = []
         seen: set[str] = set()
         for current in schedules:
@@ -148,6 +144,33 @@ class SpaceGenerator:
             traces.append(trace)
         logger.debug("design space of %s: %d sketches", name, len(traces))
         return traces or [empty_trace()]
+
+    def _block_sketches(self, sch: Schedule, blocks: list) -> list[Schedule]:
+        """The schedule rules applied rule by rule to every block of ``sch``."""
+        schedules = [sch]
+        for rule in self.rules:
+            next_round: list[Schedule] = []
+            for current in schedules:
+                next_round.extend(self._apply_rule(current, rule, blocks))
+            if len(next_round) > MAX_SKETCHES:
+                logger.debug("%s made %d sketches; keeping %d", rule, len(next_round),
+                             MAX_SKETCHES)
+                next_round = next_round[:MAX_SKETCHES]
+            schedules = next_round or schedules
+        return schedules
+
+    def _function_sketches(self, sch: Schedule) -> list[Schedule]:
+        """The sketches of the first function rule that recognises the function, or []."""
+        for rule in self.function_rules:
+            try:
+                made = rule.sketches(sch)
+            except Exception as err:  # a rule bug must not lose the function
+                logger.debug("%s failed: %s", rule, err)
+                made = []
+            if made:
+                logger.debug("%s made %d sketches", rule, len(made))
+                return made
+        return []
 
     @staticmethod
     def _apply_rule(sch: Schedule, rule: ScheduleRule, blocks: list) -> list[Schedule]:

@@ -28,6 +28,22 @@ class ScheduleRule:
         return f"{type(self).__name__}()"
 
 
+class FunctionRule:
+    """A schedule for a whole function of a shape it recognises (a fused attention), made
+    before any block rule runs: when ``sketches`` returns schedules, they are the
+    function's sketches and the block rules do not run; ``[]`` leaves the function to them.
+    Sampling as for ``ScheduleRule``; must not raise."""
+
+    name = "function_rule"
+
+    def sketches(self, sch: Schedule) -> list[Schedule]:
+        """The sketches for the function of ``sch`` (unchanged), or ``[]``."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
 class Postproc:
     """A deterministic rewrite applied to each sampled candidate after replaying its sketch
     (after ``sch.enter_postproc()``): it turns sketch annotations into concrete loop kinds
