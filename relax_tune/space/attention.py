@@ -8,9 +8,10 @@ whole rows of S, so all of them can be computed at a block of rows of the output
 head and block of ``rb`` rows, the ``rb x n`` scores live in a buffer that stays in cache,
 as in PyTorch's ``scaled_dot_product_attention`` on CPU, instead of three passes over the
 whole ``heads x n x n`` tensor. Sampled per candidate: the row block and its register
-rows (``sample_perfect_tile``), the scores' register tile along the keys, and the split of
-the two row reductions (max, sum) whose inner part becomes a vector of partial results
-(``rfactor``), so they vectorise.
+rows (``sample_perfect_tile``) and the scores' register tile (rows, vectors of keys). The
+row reductions (max, sum) stay loops over the keys: ``host_target``'s reassociation flags
+let LLVM vectorise them (an ``rfactor`` into vector partials is wrong on a partial tile:
+the partials past ``n`` are never initialised).
 """
 
 from __future__ import annotations
@@ -80,14 +81,6 @@ class FusedAttention(FunctionRule):
         lanes = max(1, self.params.vector_bytes // 4)
         scores, *elementwise = names[:-5]
         maxelem, exp, expsum, norm = names[-5:-1]
-        # the row reductions (max, sum): a vector of partial results per row, then its
-        # reduction (rfactor needs the block alone in its loop nest: first)
-        partials = []
-        for name in (maxelem, expsum):
-            block = sch.get_sblock(name)
-            *_, rj = sch.get_loops(block)
-            _, rj1 = sch.split(rj, [None, lanes])
-            partials.append(sch.rfactor(rj1, factor_axis=len(A.node(sch, block).iter_vars) - 1))
         out = sch.get_sblock(names[-1])
         b, h, i, d, k = sch.get_loops(out)
         io, rows = sch.split(i, sch.sample_perfect_tile(
@@ -96,8 +89,7 @@ class FusedAttention(FunctionRule):
             rows, n=2, max_innermost_factor=self.max_register_rows))
         sch.reorder(b, h, io, i1, k, i2, d)
         sch.annotate(out, ANN_TILED, "attention")  # LimitRegisterTile checks i2 x d
-        producers = [scores, *elementwise, maxelem + "_rf", maxelem, exp, expsum + "_rf",
-                     expsum, norm]
+        producers = [scores, *elementwise, maxelem, exp, expsum, norm]
         for name in reversed(producers):
             sch.compute_at(sch.get_sblock(name), io, preserve_unit_loops=True)
         for name in elementwise:
@@ -122,12 +114,6 @@ class FusedAttention(FunctionRule):
         sch.reverse_compute_at(acc, sj0, preserve_unit_loops=True)
         sch.vectorize(sj1)
         sch.vectorize(sch.get_loops(acc)[-1])
-        for rf in partials:  # the partials' own axis innermost, the keys outside it
-            outer, inner = sch.get_loops(rf)[-2:]
-            if A.loop_iter_type(sch, inner) != "S":
-                sch.reorder(inner, outer)
-                outer, inner = inner, outer
-            sch.vectorize(inner)
         for name in (exp, norm):
             _, j1 = sch.split(sch.get_loops(sch.get_sblock(name))[-1], [None, lanes])
             sch.vectorize(j1)
