@@ -9,7 +9,9 @@ where PyTorch's fused ``scaled_dot_product_attention`` took 5.3 (AMD EPYC Zen 4,
 
 ``FuseAttention`` groups ``matmul(softmax(scores), v)`` together with the scores' producer
 (a ``matmul``, optionally scaled by a constant ``multiply`` or masked by a ``call_tir``
-reading it) into one primitive function, which ``FuseTIR`` makes one PrimFunc. The design
+reading it) into one primitive function, after writing each ``R.nn.attention`` without a
+causal mask (what TVM's PyTorch frontend makes of ``scaled_dot_product_attention``; TVM
+legalizes it into one kernel holding the whole ``heads x n x n`` scores) in those terms, which ``FuseTIR`` makes one PrimFunc. The design
 space then schedules it as SDPA does (``space.attention.FusedAttention``): for each head
 and block of rows, the block's scores, softmax and product with ``v`` are computed while
 the scores stay in cache. CPU targets only (the GPU space has no such rule).
@@ -18,10 +20,13 @@ the scores stay in cache. CPU targets only (the GPU space has no such rule).
 from __future__ import annotations
 
 import logging
+import math
 
 import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
+
+from .graph import _rewrite_functions
 
 logger = logging.getLogger("relax_tune.attention")
 
@@ -65,7 +70,8 @@ class FuseAttention:
         fuse = relax.transform.FuseOpsByPattern(
             [(PATTERN_NAME, *attention_pattern(), _fusable)],
             bind_constants=True, annotate_codegen=False)
-        out = fuse(mod)
+        out = fuse(_rewrite_functions(mod, is_op("relax.nn.attention")(
+            wildcard(), wildcard(), wildcard()), _decomposed))
         fused = [gv for gv, f in out.functions.items()
                  if isinstance(f, relax.Function) and f.attrs is not None
                  and f.attrs.get("Composite") == PATTERN_NAME]
@@ -73,6 +79,27 @@ class FuseAttention:
             return out
         logger.info("%d attention(s) fused into one kernel each", len(fused))
         return _renamed(out, fused, "attention")
+
+
+def _decomposed(call: relax.Call, _matches) -> relax.Expr:
+    """``R.nn.attention(q, k, v)`` (each (batch, seq, heads, dim), float32, no causal mask) as
+    permutes, ``matmul``, a scale, ``softmax`` and ``matmul``; ``call`` itself otherwise."""
+    q, k, v = call.args[:3]
+    types = [getattr(a, "ty", None) for a in (q, k, v)]
+    if call.attrs.causal_mask is not None or any(
+            getattr(t, "ndim", -1) != 4 or str(t.dtype) != "float32" for t in types):
+        return call
+    dim = types[0].shape[3] if types[0].shape is not None else None
+    if not isinstance(dim, tvm.tirx.IntImm):
+        return call
+    scale = call.attrs.scale
+    scale = float(getattr(scale, "value", scale)) if scale is not None \
+        else 1.0 / math.sqrt(int(dim))
+    op = relax.op
+    scores = op.matmul(op.permute_dims(q, [0, 2, 1, 3]), op.permute_dims(k, [0, 2, 3, 1]))
+    scores = op.multiply(scores, relax.const(scale, "float32"))
+    out = op.matmul(op.nn.softmax(scores, axis=-1), op.permute_dims(v, [0, 2, 1, 3]))
+    return op.permute_dims(out, [0, 2, 1, 3])
 
 
 @relax.expr_functor.mutator

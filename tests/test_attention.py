@@ -145,3 +145,36 @@ def test_dynamic_attention_through_the_pipeline(target, tmp_path):
         out = vm["forward"](*[tvm.runtime.tensor(a) for a in args]).numpy()
         np.testing.assert_allclose(out, reference(*args), rtol=1e-4, atol=1e-5,
                                    err_msg=f"n={n}")
+
+
+def test_nn_attention_is_written_as_the_fusable_ops(target):
+    """``R.nn.attention`` (what the PyTorch frontend makes of scaled_dot_product_attention,
+    (batch, seq, heads, dim) layout) becomes the fused kernel the rule schedules, and the
+    model still computes the attention; a causal one is left to TVM."""
+    n = 12
+
+    def module(causal):
+        bb = relax.BlockBuilder()
+        params = [relax.Var(name, relax.TensorType((1, n, HEADS, HEAD_DIM), "float32"))
+                  for name in "qkv"]
+        with bb.function("forward", params):
+            with bb.dataflow():
+                out = bb.emit_output(bb.emit(relax.op.nn.attention(
+                    *params, causal_mask="TopLeft" if causal else None)))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    with target:
+        lowered = rt.transform.lower_for_tuning(module(False), target)
+        causal = rt.transform.lower_for_tuning(module(True), target)
+    (task,) = rt.extract_tasks(lowered, target, op_names=["attention"])
+    assert FusedAttention(target_params(target)).recognise(tvm.s_tir.Schedule(task.mod))
+    assert not any(FusedAttention(target_params(target)).recognise(tvm.s_tir.Schedule(t.mod))
+                   for t in rt.extract_tasks(causal, target))
+    ex = tvm.compile(lowered, target)
+    args = inputs(n)
+    bsnh = [np.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in args]
+    out = relax.VirtualMachine(ex, tvm.cpu())["forward"](
+        *[tvm.runtime.tensor(a) for a in bsnh]).numpy()
+    want = reference(*args).transpose(0, 2, 1, 3)  # its scale 1 / sqrt(16): the reference's
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
