@@ -11,7 +11,10 @@ where PyTorch's fused ``scaled_dot_product_attention`` took 5.3 (AMD EPYC Zen 4,
 (a ``matmul``, optionally scaled by a constant ``multiply`` or masked by a ``call_tir``
 reading it) into one primitive function, after writing each ``R.nn.attention`` without a
 causal mask (what TVM's PyTorch frontend makes of ``scaled_dot_product_attention``; TVM
-legalizes it into one kernel holding the whole ``heads x n x n`` scores) in those terms, which ``FuseTIR`` makes one PrimFunc. The design
+legalizes it into one kernel holding the whole ``heads x n x n`` scores) and PyTorch's own
+decomposition of it (``torch.export`` of ``nn.MultiheadAttention``: 3-d batched matmuls
+around a 4-d softmax, with a guard that zeroes rows whose scores are all ``-inf``) in those
+terms, which ``FuseTIR`` makes one PrimFunc. The design
 space then schedules it as SDPA does (``space.attention.FusedAttention``): for each head
 and block of rows, the block's scores, softmax and product with ``v`` are computed while
 the scores stay in cache. CPU targets only (the GPU space has no such rule).
@@ -70,14 +73,18 @@ class FuseAttention:
         fuse = relax.transform.FuseOpsByPattern(
             [(PATTERN_NAME, *attention_pattern(), _fusable)],
             bind_constants=True, annotate_codegen=False)
-        out = fuse(_rewrite_functions(mod, is_op("relax.nn.attention")(
-            wildcard(), wildcard(), wildcard()), _decomposed))
+        mod = _rewrite_functions(mod, is_op("relax.nn.attention")(
+            wildcard(), wildcard(), wildcard()), _decomposed)
+        pattern, parts = _torch_math_attention()
+        mod = _rewrite_functions(mod, pattern, lambda e, m: _unguarded(e, m, parts))
+        out = fuse(relax.transform.DeadCodeElimination()(mod))
         fused = [gv for gv, f in out.functions.items()
                  if isinstance(f, relax.Function) and f.attrs is not None
                  and f.attrs.get("Composite") == PATTERN_NAME]
         if not fused:
             return out
-        logger.info("%d attention(s) fused into one kernel each", len(fused))
+        logger.info("attention fused into one kernel: %s",
+                    ", ".join(gv.name_hint for gv in fused))
         return _renamed(out, fused, "attention")
 
 
@@ -100,6 +107,44 @@ def _decomposed(call: relax.Call, _matches) -> relax.Expr:
     scores = op.multiply(scores, relax.const(scale, "float32"))
     out = op.matmul(op.nn.softmax(scores, axis=-1), op.permute_dims(v, [0, 2, 1, 3]))
     return op.permute_dims(out, [0, 2, 1, 3])
+
+
+def _torch_math_attention():
+    """``(pattern, parts)`` of PyTorch's decomposed attention (see the module docstring):
+    ``matmul(reshape(broadcast_to(where(guard, 0, softmax(S)))), v3)`` with
+    ``S = reshape(matmul(q3, k3))`` and the guard ``not any(S != -inf)`` over each row."""
+    q3, k3, v3 = wildcard(), wildcard(), wildcard()
+    scores = is_op("relax.reshape")(is_op("relax.matmul")(q3, k3), wildcard())
+    finite = is_op("relax.logical_not")(is_op("relax.equal")(scores, is_const()))
+    row_any = is_op("relax.astype")(is_op("relax.max")(is_op("relax.astype")(finite)))
+    guard = is_op("relax.logical_not")(row_any)
+    probs = is_op("relax.where")(guard, is_const(), is_op("relax.nn.softmax")(scores))
+    flat = is_op("relax.reshape")(is_op("relax.broadcast_to")(probs, wildcard()), wildcard())
+    out = is_op("relax.matmul")(flat, v3)
+    return out, {"q3": q3, "k3": k3, "v3": v3, "scores": scores}
+
+
+def _unguarded(matched: relax.Expr, matches: dict, parts: dict) -> relax.Expr:
+    """The attention ``matched`` as ``matmul(softmax(matmul(q, k)), v)`` on 4-d views
+    (1, batch x heads, rows, dim) of its 3-d operands, without the guard: a row of scores is
+    all ``-inf`` only under a mask, and this pattern has none (unmasked scores are ``-inf``
+    only when ``q . k`` overflows). ``matched`` itself when the shapes are not static."""
+    q3, k3, v3 = (matches[parts[name]] for name in ("q3", "k3", "v3"))
+    scores = matches[parts["scores"]]
+    try:
+        shapes = [[int(d) for d in e.ty.shape] for e in (q3, k3, v3, matched, scores)]
+    except (TypeError, AttributeError):
+        return matched
+    if any(len(shape) != 3 for shape in shapes[:4]) or len(shapes[4]) != 4 \
+            or str(scores.ty.dtype) != "float32":
+        return matched
+    op = relax.op
+
+    def as4d(expr, shape):
+        return op.reshape(expr, [1, *shape])
+
+    probs = op.nn.softmax(op.matmul(as4d(q3, shapes[0]), as4d(k3, shapes[1])), axis=-1)
+    return op.reshape(op.matmul(probs, as4d(v3, shapes[2])), shapes[3])
 
 
 @relax.expr_functor.mutator

@@ -213,6 +213,32 @@ def test_patch_convolution_becomes_a_matmul(target, tmp_path):
         np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-4, atol=1e-5)
 
 
+def encoder_layer():
+    """A tiny post-norm ``nn.TransformerEncoderLayer`` (d 32, 2 heads) on 9 tokens: its
+    attention comes out of ``torch.export`` decomposed (3-d matmuls, a guarded softmax)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
+    return layer.eval(), (torch.randn(1, 9, 32),)
+
+
+def test_exported_attention_becomes_one_kernel(target, tmp_path):
+    """PyTorch's decomposed attention is fused into one ``attention`` kernel (no softmax
+    kernel left), tuned by its rule (2 trials), and the outputs match PyTorch."""
+    model = load_model(f"{__file__}:encoder_layer")
+    names = [t.task_name for t in rt.extract_tasks(model.lowered(target), target)]
+    assert any(n.startswith("attention") for n in names), names
+    assert not any("softmax" in n for n in names), names
+    ex = tvm.compile(model.mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=str(tmp_path), max_trials_global=2,
+        op_names=["attention"], params=model.params, **SMALL))
+    module, (x,) = encoder_layer()
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    got = got if hasattr(got, "numpy") else got[0]  # a tuple of one output
+    with torch.no_grad():
+        expected = module(x)
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_pt2_archive_through_cli_and_pipeline(target, tmp_path, capsys):
     """``relax-tune tune/compile model.pt2``; the library matches PyTorch, and the pipeline on
     ``load_model(model.pt2)`` finds the CLI's tasks all tuned (nothing new to measure)."""
