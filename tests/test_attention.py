@@ -67,15 +67,26 @@ def test_each_attention_becomes_one_kernel(name, target):
 def test_softmax_used_elsewhere_stays_separate(target):
     """A softmax whose result is also returned is not fused (it must be written whole)."""
     with target:
-        lowered = rt.transform.lower_for_tuning(attention_model(8, expose_probs=True), target)
+        lowered = rt.transform.lower_for_tuning(attention_model(16, expose_probs=True), target)
     names = kernel_names(lowered)
     assert "attention" not in names and any("softmax" in n for n in names), names
 
 
+def test_static_keys_no_multiple_of_16_stay_separate(target):
+    """20 keys in a static kernel: the last vector of keys would be predicated and run
+    scalar, so the attention stays three kernels; 32 keys are fused."""
+    for n, fused in ((20, False), (32, True)):
+        with target:
+            lowered = rt.transform.lower_for_tuning(attention_model(n), target)
+        assert ("attention" in kernel_names(lowered)) is fused, n
+
+
 def _attention_task(target, n):
+    """The fused kernel specialised at ``n`` (a static one needs a multiple of 16 keys)."""
     with target:
-        lowered = rt.transform.lower_for_tuning(attention_model(n), target)
-    (task,) = rt.extract_tasks(lowered, target, op_names=["attention"])
+        lowered = rt.transform.lower_for_tuning(attention_model(), target)
+    (task,) = rt.extract_tasks(lowered, target, op_names=["attention"],
+                               shape_hints={"n": [n]})
     return task
 
 
@@ -151,7 +162,7 @@ def test_nn_attention_is_written_as_the_fusable_ops(target):
     """``R.nn.attention`` (what the PyTorch frontend makes of scaled_dot_product_attention,
     (batch, seq, heads, dim) layout) becomes the fused kernel the rule schedules, and the
     model still computes the attention; a causal one is left to TVM."""
-    n = 12
+    n = 16
 
     def module(causal):
         bb = relax.BlockBuilder()

@@ -214,11 +214,11 @@ def test_patch_convolution_becomes_a_matmul(target, tmp_path):
 
 
 def encoder_layer():
-    """A tiny post-norm ``nn.TransformerEncoderLayer`` (d 32, 2 heads) on 9 tokens: its
+    """A tiny post-norm ``nn.TransformerEncoderLayer`` (d 32, 2 heads) on 16 tokens: its
     attention comes out of ``torch.export`` decomposed (3-d matmuls, a guarded softmax)."""
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
-    return layer.eval(), (torch.randn(1, 9, 32),)
+    return layer.eval(), (torch.randn(1, 16, 32),)
 
 
 def test_exported_attention_becomes_one_kernel(target, tmp_path):

@@ -65,39 +65,26 @@ class FusedAttention(FunctionRule):
         return blocks
 
     def sketches(self, sch: Schedule) -> list[Schedule]:
-        """The sketches of a fused attention function, ``[]`` for any other: row blocks
-        that divide the rows, and where no block of 4 to ``max_row_block`` rows does (197
-        tokens of a ViT), also padded row blocks of 8, 16 or 32 (the last one partial)."""
+        """One sketch for a fused attention function, ``[]`` for any other."""
         blocks = self.recognise(sch)
         if blocks is None:
             return []
-        names = [str(A.node(sch, b).name_hint) for b in blocks]
-        rows = A.loop_extent(sch, A.loops_of(sch, blocks[-1])[2])
-        awkward = rows is not None and rows >= 8 and not any(
-            rows % size == 0 for size in range(4, self.max_row_block + 1))
-        made = []
-        for padded in (False, True) if awkward else (False,):
-            try:
-                out = sch.copy()
-                self._schedule(out, names, padded)
-                made.append(out)
-            except Exception as err:  # a primitive refused: leave it to the block rules
-                logger.debug("fused attention schedule failed: %s", err)
-        return made
+        try:
+            out = sch.copy()
+            self._schedule(out, [str(A.node(sch, b).name_hint) for b in blocks])
+        except Exception as err:  # a primitive refused: leave it to the block rules
+            logger.debug("fused attention schedule failed: %s", err)
+            return []
+        return [out]
 
-    def _schedule(self, sch: Schedule, names: list[str], padded: bool) -> None:
+    def _schedule(self, sch: Schedule, names: list[str]) -> None:
         lanes = max(1, self.params.vector_bytes // 4)
         scores, *elementwise = names[:-5]
         maxelem, exp, expsum, norm = names[-5:-1]
         out = sch.get_sblock(names[-1])
         b, h, i, d, k = sch.get_loops(out)
-        if padded:
-            sizes = [size for size in (8, 16, 32) if size <= self.max_row_block]
-            io, rows = sch.split(i, [None, sch.sample_categorical(
-                sizes, [1.0 / len(sizes)] * len(sizes))])
-        else:
-            io, rows = sch.split(i, sch.sample_perfect_tile(
-                i, n=2, max_innermost_factor=self.max_row_block))
+        io, rows = sch.split(i, sch.sample_perfect_tile(
+            i, n=2, max_innermost_factor=self.max_row_block))
         i1, i2 = sch.split(rows, sch.sample_perfect_tile(
             rows, n=2, max_innermost_factor=self.max_register_rows))
         sch.reorder(b, h, io, i1, k, i2, d)
