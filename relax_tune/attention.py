@@ -45,6 +45,12 @@ three kernels). A symbolic one is fine: ``dynamic.unswitch_partial_tiles`` runs 
 vectors unpredicated."""
 
 
+def _keys_fit(keys) -> bool:
+    """Whether a number of keys (a dimension of a Relax shape) can be fused: symbolic or a
+    multiple of ``KEY_MULTIPLE``."""
+    return not (isinstance(keys, (int, tvm.tirx.IntImm)) and int(keys) % KEY_MULTIPLE)
+
+
 def attention_pattern():
     """``(pattern, annotations)``: ``matmul(softmax(S), v)`` where S is ``matmul(q, k)``,
     that scaled by a constant, or a ``call_tir`` (a mask) of either; the annotations name
@@ -66,8 +72,7 @@ def _fusable(ctx: relax.transform.PatternCheckContext) -> bool:
     if getattr(ty, "ndim", -1) != 4 or str(ty.dtype) != "float32" \
             or int(call.attrs.axis) not in (-1, 3):
         return False
-    keys = ty.shape[3] if ty.shape is not None else None
-    if isinstance(keys, tvm.tirx.IntImm) and int(keys) % KEY_MULTIPLE:
+    if not _keys_fit(ty.shape[3] if ty.shape is not None else None):
         return False
     for var, value in ctx.matched_bindings.items():
         if not value.same_as(ctx.matched_expr) and len(ctx.var_usages.get(var, [])) > 1:
@@ -82,13 +87,13 @@ class FuseAttention:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """``mod`` with its attentions grouped (``mod`` unchanged when there is none)."""
-        fuse = relax.transform.FuseOpsByPattern(
-            [(PATTERN_NAME, *attention_pattern(), _fusable)],
-            bind_constants=True, annotate_codegen=False)
         mod = _rewrite_functions(mod, is_op("relax.nn.attention")(
             wildcard(), wildcard(), wildcard()), _decomposed)
         pattern, parts = _torch_math_attention()
         mod = _rewrite_functions(mod, pattern, lambda e, m: _unguarded(e, m, parts))
+        fuse = relax.transform.FuseOpsByPattern(
+            [(PATTERN_NAME, *attention_pattern(), _fusable)],
+            bind_constants=True, annotate_codegen=False)
         out = fuse(relax.transform.DeadCodeElimination()(mod))
         fused = [gv for gv, f in out.functions.items()
                  if isinstance(f, relax.Function) and f.attrs is not None
@@ -101,15 +106,17 @@ class FuseAttention:
 
 
 def _decomposed(call: relax.Call, _matches) -> relax.Expr:
-    """``R.nn.attention(q, k, v)`` (each (batch, seq, heads, dim), float32, no causal mask) as
-    permutes, ``matmul``, a scale, ``softmax`` and ``matmul``; ``call`` itself otherwise."""
+    """``R.nn.attention(q, k, v)`` (each (batch, seq, heads, dim), float32, no causal mask,
+    keys that ``_keys_fit``) as permutes, ``matmul``, a scale, ``softmax`` and ``matmul``;
+    ``call`` itself otherwise."""
     q, k, v = call.args[:3]
     types = [getattr(a, "ty", None) for a in (q, k, v)]
     if call.attrs.causal_mask is not None or any(
             getattr(t, "ndim", -1) != 4 or str(t.dtype) != "float32" for t in types):
         return call
     dim = types[0].shape[3] if types[0].shape is not None else None
-    if not isinstance(dim, tvm.tirx.IntImm):
+    if not isinstance(dim, tvm.tirx.IntImm) or types[1].shape is None \
+            or not _keys_fit(types[1].shape[1]):
         return call
     scale = call.attrs.scale
     scale = float(getattr(scale, "value", scale)) if scale is not None \
@@ -140,7 +147,8 @@ def _unguarded(matched: relax.Expr, matches: dict, parts: dict) -> relax.Expr:
     """The attention ``matched`` as ``matmul(softmax(matmul(q, k)), v)`` on 4-d views
     (1, batch x heads, rows, dim) of its 3-d operands, without the guard: a row of scores is
     all ``-inf`` only under a mask, and this pattern has none (unmasked scores are ``-inf``
-    only when ``q . k`` overflows). ``matched`` itself when the shapes are not static."""
+    only when ``q . k`` overflows). ``matched`` itself when the shapes are not static or
+    the keys do not ``_keys_fit`` (it would not be fused)."""
     q3, k3, v3 = (matches[parts[name]] for name in ("q3", "k3", "v3"))
     scores = matches[parts["scores"]]
     try:
@@ -148,7 +156,7 @@ def _unguarded(matched: relax.Expr, matches: dict, parts: dict) -> relax.Expr:
     except (TypeError, AttributeError):
         return matched
     if any(len(shape) != 3 for shape in shapes[:4]) or len(shapes[4]) != 4 \
-            or str(scores.ty.dtype) != "float32":
+            or str(scores.ty.dtype) != "float32" or not _keys_fit(shapes[4][3]):
         return matched
     op = relax.op
 
