@@ -87,14 +87,16 @@ class FuseAttention:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """``mod`` with its attentions grouped (``mod`` unchanged when there is none)."""
-        mod = _rewrite_functions(mod, is_op("relax.nn.attention")(
+        rewritten = _rewrite_functions(mod, is_op("relax.nn.attention")(
             wildcard(), wildcard(), wildcard()), _decomposed)
         pattern, parts = _torch_math_attention()
-        mod = _rewrite_functions(mod, pattern, lambda e, m: _unguarded(e, m, parts))
-        fuse = relax.transform.FuseOpsByPattern(
+        rewritten = _rewrite_functions(rewritten, pattern,
+                                       lambda e, m: _unguarded(e, m, parts))
+        if rewritten is not mod:  # the rewritten parts' old bindings would count as uses
+            rewritten = relax.transform.DeadCodeElimination()(rewritten)
+        out = relax.transform.FuseOpsByPattern(
             [(PATTERN_NAME, *attention_pattern(), _fusable)],
-            bind_constants=True, annotate_codegen=False)
-        out = fuse(relax.transform.DeadCodeElimination()(mod))
+            bind_constants=True, annotate_codegen=False)(rewritten)
         fused = [gv for gv, f in out.functions.items()
                  if isinstance(f, relax.Function) and f.attrs is not None
                  and f.attrs.get("Composite") == PATTERN_NAME]

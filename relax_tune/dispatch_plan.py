@@ -325,8 +325,8 @@ def _build(group: list[Any], orders: list[list], symbolic: tvm.IRModule, target:
 @contextlib.contextmanager
 def _cache_flushed(runner: Any, flushed: bool = True):
     """``runner`` flushing the CPU cache before each timed call while in the block (or not,
-    ``flushed=False``), where it can. In a model a kernel finds its weights in the outer caches or memory, not in the L2
-    its own timing loop leaves them in, and which bucket's kernel is faster can differ: the
+    ``flushed=False``), where it can. In a model a kernel finds its weights in the outer
+    caches or memory, not in the L2 its own timing loop leaves them in, and which bucket's kernel is faster can differ: the
     Llama block's q/k/v projection at n=128, bucket 16's kernel against bucket 64's (Zen 4,
     2 threads): 0.31 / 0.33 ms timed warm, 0.56 / 0.44 ms flushed, and 1.40 / 1.07 ms for
     its three calls in the model."""

@@ -80,7 +80,7 @@ class FusedAttention(FunctionRule):
     def _schedule(self, sch: Schedule, names: list[str]) -> None:
         lanes = max(1, self.params.vector_bytes // 4)
         scores, *elementwise = names[:-5]
-        maxelem, exp, expsum, norm = names[-5:-1]
+        exp, norm = names[-4], names[-2]
         out = sch.get_sblock(names[-1])
         b, h, i, d, k = sch.get_loops(out)
         io, rows = sch.split(i, sch.sample_perfect_tile(
@@ -89,8 +89,7 @@ class FusedAttention(FunctionRule):
             rows, n=2, max_innermost_factor=self.max_register_rows))
         sch.reorder(b, h, io, i1, k, i2, d)
         sch.annotate(out, ANN_TILED, "attention")  # LimitRegisterTile checks i2 x d
-        producers = [scores, *elementwise, maxelem, exp, expsum, norm]
-        for name in reversed(producers):
+        for name in reversed(names[:-1]):  # every producer, consumers first
             sch.compute_at(sch.get_sblock(name), io, preserve_unit_loops=True)
         for name in elementwise:
             sch.compute_inline(sch.get_sblock(name))
