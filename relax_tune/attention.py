@@ -139,7 +139,9 @@ def _torch_math_attention():
     finite = is_op("relax.logical_not")(is_op("relax.equal")(scores, is_const()))
     row_any = is_op("relax.astype")(is_op("relax.max")(is_op("relax.astype")(finite)))
     guard = is_op("relax.logical_not")(row_any)
-    probs = is_op("relax.where")(guard, is_const(), is_op("relax.nn.softmax")(scores))
+    softmax = is_op("relax.nn.softmax")(scores)
+    zeros = is_const() | is_op("relax.full_like")(softmax, is_const())  # the latter: dynamic
+    probs = is_op("relax.where")(guard, zeros, softmax)
     flat = is_op("relax.reshape")(is_op("relax.broadcast_to")(probs, wildcard()), wildcard())
     out = is_op("relax.matmul")(flat, v3)
     return out, {"q3": q3, "k3": k3, "v3": v3, "scores": scores}
@@ -149,13 +151,14 @@ def _unguarded(matched: relax.Expr, matches: dict, parts: dict) -> relax.Expr:
     """The attention ``matched`` as ``matmul(softmax(matmul(q, k)), v)`` on 4-d views
     (1, batch x heads, rows, dim) of its 3-d operands, without the guard: a row of scores is
     all ``-inf`` only under a mask, and this pattern has none (unmasked scores are ``-inf``
-    only when ``q . k`` overflows). ``matched`` itself when the shapes are not static or
-    the keys do not ``_keys_fit`` (it would not be fused)."""
+    only when ``q . k`` overflows). ``matched`` itself when a shape is unknown or the keys
+    do not ``_keys_fit`` (it would not be fused); symbolic dimensions (a dynamic sequence
+    length) are fine."""
     q3, k3, v3 = (matches[parts[name]] for name in ("q3", "k3", "v3"))
     scores = matches[parts["scores"]]
     try:
-        shapes = [[int(d) for d in e.ty.shape] for e in (q3, k3, v3, matched, scores)]
-    except (TypeError, AttributeError):
+        shapes = [list(e.ty.shape.values) for e in (q3, k3, v3, matched, scores)]
+    except (TypeError, AttributeError):  # no type or no ShapeExpr
         return matched
     if any(len(shape) != 3 for shape in shapes[:4]) or len(shapes[4]) != 4 \
             or str(scores.ty.dtype) != "float32" or not _keys_fit(shapes[4][3]):

@@ -198,6 +198,7 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
         logger.warning("no call_tir sites found: was the module legalized? "
                        "Run relax.get_pipeline('zero') (or LegalizeOps + FuseOps + FuseTIR) first")
     check_op_names(op_names, [name for name, _, _ in candidates])
+    _check_hint_names(hints, candidates)
 
     tasks: list[Task] = []
     by_hash: dict[int, list[Task]] = {}
@@ -212,6 +213,26 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
             continue
         _add_task(tasks, by_hash, name, normalize_mod(func), weight, target)
     return tasks
+
+
+def _check_hint_names(hints, candidates) -> None:
+    """A shape hint must name a symbolic variable of the module: raise ``RelaxTuneError``
+    listing the ones it has (a misspelling would otherwise tune the default sizes)."""
+    if not hints:
+        return
+    names = sorted({str(v.name) for _, func, _ in candidates
+                    for v in dynamic.symbolic_vars(func)})
+    unknown = sorted(set(hints) - set(names))
+    if not unknown:
+        return
+    if not names:
+        logger.warning("shape hints %s unused: the module has no symbolic dimension",
+                       ", ".join(unknown))
+        return
+    raise RelaxTuneError(
+        f"shape hint {', '.join(map(repr, unknown))} names no symbolic variable of the module; "
+        f"it has {', '.join(names)} (a model from torch.export names its dynamic dimensions "
+        "after PyTorch's symbols, e.g. s27: hint those)")
 
 
 def _add_task(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,

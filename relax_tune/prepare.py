@@ -21,6 +21,7 @@ from tvm import relax
 from .attention import FuseAttention
 from .fast_math import FastMath
 from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul
+from .shape_bounds import SimplifyBoundedShapes
 from .winograd import WinogradConvolutions
 from .utils import RelaxTuneError, parse_target
 
@@ -74,7 +75,8 @@ def backend_pipeline(target: tvm.target.Target):
 def graph_passes(target: tvm.target.Target | None = None,
                  winograd: bool = True) -> list[tvm.transform.Pass]:
     """Graph-level work done before any kernel exists, as ONNX Runtime does before its
-    kernels run: batch norms after convolutions are folded into the convolutions' weights
+    kernels run: shapes are simplified with the bounds of their symbolic variables
+    (``shape_bounds.SimplifyBoundedShapes``), batch norms after convolutions are folded into the convolutions' weights
     and bias (with bound weights the scale and shift are constants, folded at compile time),
     the remaining batch norms and layer norms are decomposed into arithmetic that fuses into
     neighbouring kernels, patch convolutions (stride = kernel, a ViT's patch embedding)
@@ -84,6 +86,7 @@ def graph_passes(target: tvm.target.Target | None = None,
     (``winograd.WinogradConvolutions``), and constants are folded."""
     cpu = target is not None and target.kind.name == "llvm"
     return [
+        SimplifyBoundedShapes(),  # a position table sliced to a bounded sequence length
         relax.transform.FoldConstant(),  # bias reshapes of bound weights become constants
         FoldBatchNormIntoConv(),
         relax.transform.DecomposeOpsForInference(),

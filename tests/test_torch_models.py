@@ -239,6 +239,56 @@ def test_exported_attention_becomes_one_kernel(target, tmp_path):
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-4, atol=1e-5)
 
 
+class PositionEncoder(torch.nn.Module):
+    """BERT-style: token embeddings plus a learnt position table sliced to the sequence
+    length (``pos[:, :n]``), then a post-norm encoder layer (d 32, 2 heads)."""
+
+    def __init__(self, max_len: int = 64):
+        super().__init__()
+        self.tok = torch.nn.Embedding(100, 32)
+        self.pos = torch.nn.Parameter(torch.randn(1, max_len, 32) * 0.1)
+        self.layer = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
+
+    def forward(self, ids):
+        return self.layer(self.tok(ids) + self.pos[:, : ids.shape[1]])
+
+
+def dynamic_encoder():
+    """The encoder exported with a dynamic sequence length of at most 64."""
+    torch.manual_seed(0)
+    model = PositionEncoder().eval()
+    seq = torch.export.Dim("seq", min=1, max=64)
+    ids = torch.randint(0, 100, (1, 16), dtype=torch.int64)
+    return torch.export.export(model, (ids,), dynamic_shapes={"ids": {1: seq}})
+
+
+def test_dynamic_sequence_export_tuned_matches_pytorch(target, tmp_path):
+    """A ``torch.export`` with a dynamic sequence length compiles through the pipeline (the
+    sliced position table has shape ``min(n, 64)`` until ``SimplifyBoundedShapes``), its
+    attention is one kernel, tuned at the hinted sizes, and every length from 1 to the
+    bound matches PyTorch; a hint naming no variable of the model is an error naming it."""
+    model = load_model(f"{__file__}:dynamic_encoder")
+    var = str(model.mod["main"].params[0].ty.shape[1])
+    tasks = [t.task_name for t in rt.extract_tasks(model.lowered(target), target,
+                                                    shape_hints={var: [8, 32]})]
+    assert f"attention[{var}=32]" in {n.replace("attention1", "attention") for n in tasks}, tasks
+    with pytest.raises(RelaxTuneError, match=f"names no symbolic variable.*{var}"):
+        rt.extract_tasks(model.lowered(target), target, shape_hints={"seq": [8]})
+    ex = tvm.compile(model.mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=str(tmp_path), max_trials_global=2,
+        op_names=["attention"], params=model.params, shape_hints={var: [8, 32]}, **SMALL))
+    assert _trials(str(tmp_path))[1] > 0
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    module = PositionEncoder().eval()
+    module.load_state_dict(dynamic_encoder().module().state_dict())
+    for n in (1, 7, 33, 64):
+        ids = torch.randint(0, 100, (1, n), dtype=torch.int64)
+        with torch.no_grad():
+            expected = module(ids).numpy()
+        got = vm["main"](tvm.runtime.tensor(ids.numpy())).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=f"n={n}")
+
+
 def test_pt2_archive_through_cli_and_pipeline(target, tmp_path, capsys):
     """``relax-tune tune/compile model.pt2``; the library matches PyTorch, and the pipeline on
     ``load_model(model.pt2)`` finds the CLI's tasks all tuned (nothing new to measure)."""
