@@ -11,16 +11,27 @@ Models (``relax_tune.models``, random weights scaled by 1/sqrt(fan-in), batch 1,
   embedding, causal attention (``--small``: d 64, 4 heads, 128).
 - ``bert``: ``bert_layer()``: BERT-base's layer, d 768, 12 heads, FFN 3072, GELU, post-norm
   (``--small``: d 64, 4 heads, 128).
+- ``bert-export``: what a user brings, a PyTorch BERT-class encoder (token embeddings plus a
+  learnt position table sliced to the length, layer norm, 4 ``nn.TransformerEncoderLayer``
+  d 256, 4 heads, FFN 1024, GELU; the real-model benchmark's encoder) exported with
+  ``torch.export`` and a dynamic length ``Dim("seq", max=512)``, imported with
+  ``relax_tune.model_loader.from_torch``; int64 token ids in. Hinted sizes past the bound
+  become the bound; the hint's variable is renamed to the one TVM's importer made (``s27``).
+  ONNX Runtime runs too (``torch.onnx.export`` with the same dynamic length, CPU provider,
+  ``intra_op`` = the threads, ``inter_op`` 1). ``--small``: 1 layer, d 64, 2 heads, max 64.
 
 Rows per model and sequence length:
 - ``tvm-untuned``: weights bound, ``relax.get_pipeline("zero")``, ``tvm.compile``: TVM's stock
-  lowering of the dynamic-shape model.
+  lowering of the dynamic-shape model (after ``shape_bounds.SimplifyBoundedShapes``, without
+  which ``bert-export`` does not compile).
 - ``relax_tune``: ``tvm.compile(mod, target, relax_pipeline=relax.get_pipeline("relax_tune",
   params=weights, shape_hints=HINTS, max_trials_global=N))``: every function with the
   symbolic length tuned at each hinted size, one dispatching kernel per function
   (``relax_tune.dynamic``). "tune wall s" is that compilation's wall time (tuning included).
 - ``pytorch``: eager, ``torch.inference_mode()``, the same weights; attention through
-  ``F.scaled_dot_product_attention`` (causal for llama), ``F.rms_norm``, ``F.layer_norm``.
+  ``F.scaled_dot_product_attention`` (causal for llama), ``F.rms_norm``, ``F.layer_norm``
+  (``bert-export``: the module itself).
+- ``onnxruntime`` (``bert-export`` only; "vs ORT" is relax_tune against it).
 
 Timing as ``bench_real_models.py``: the same thread count for every contender
 (``TVM_NUM_THREADS`` before tvm is imported, ``torch.set_num_threads``); per length, the
@@ -75,6 +86,56 @@ def make_model(name: str, small: bool):
     return mod, weights, cfg
 
 
+def export_model(small: bool):
+    """``(torch module, torch.export program with a dynamic length, config)`` of
+    ``bert-export``; seeded."""
+    import torch
+    from torch import nn
+
+    cfg = (dict(vocab=1000, dim=64, heads=2, hidden=128, layers=1, max_len=64) if small
+           else dict(vocab=8192, dim=256, heads=4, hidden=1024, layers=4, max_len=512))
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(cfg["vocab"], cfg["dim"])
+            self.pos = nn.Parameter(torch.randn(1, cfg["max_len"], cfg["dim"]) * 0.02)
+            self.norm = nn.LayerNorm(cfg["dim"])
+            self.layers = nn.ModuleList(
+                nn.TransformerEncoderLayer(cfg["dim"], cfg["heads"], cfg["hidden"],
+                                           dropout=0.0, activation="gelu", batch_first=True)
+                for _ in range(cfg["layers"]))
+
+        def forward(self, ids):
+            h = self.norm(self.tok(ids) + self.pos[:, : ids.shape[1]])
+            for layer in self.layers:
+                h = layer(h)
+            return h
+
+    torch.manual_seed(0)
+    module = Encoder().eval()
+    ids = torch.randint(0, cfg["vocab"], (1, 16), dtype=torch.int64)
+    seq = torch.export.Dim("seq", min=1, max=cfg["max_len"])
+    program = torch.export.export(module, (ids,), dynamic_shapes={"ids": {1: seq}})
+    return module, program, cfg
+
+
+def onnxruntime_session(module, cfg: dict, path: str, threads: int):
+    """ONNX Runtime (CPU) on ``module`` exported with the same dynamic length."""
+    import onnxruntime as ort
+    import torch
+
+    ids = torch.randint(0, cfg["vocab"], (1, 16), dtype=torch.int64)
+    seq = torch.export.Dim("seq", min=1, max=cfg["max_len"])
+    torch.onnx.export(module, (ids,), path, input_names=["ids"],
+                      dynamic_shapes={"ids": {1: seq}})
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
 def torch_forward(name: str, weights: dict, cfg: dict):
     """PyTorch eager version of the model with the same weights: ``f(x) -> y``."""
     import torch
@@ -127,6 +188,16 @@ def torch_forward(name: str, weights: dict, cfg: dict):
 
 # ---------------------------------------------------------------------------- timing
 @dataclass
+class _Output:
+    """ONNX Runtime's numpy output, with the ``.numpy()`` the other contenders' have."""
+
+    array: np.ndarray
+
+    def numpy(self) -> np.ndarray:
+        return self.array
+
+
+@dataclass
 class Row:
     contender: str
     call: object
@@ -134,6 +205,7 @@ class Row:
     samples: list[float] = field(default_factory=list)
     vs_untuned: list[float] = field(default_factory=list)
     vs_torch: list[float] = field(default_factory=list)
+    vs_ort: list[float] = field(default_factory=list)
     number: int = 1
     warm: bool = True
     max_rel: float | None = None
@@ -150,6 +222,8 @@ def interleave(rows: list[Row], rounds: int, pause: float) -> None:
         for row in rows:
             row.vs_untuned.append(this["tvm-untuned"] / this[row.contender])
             row.vs_torch.append(this["pytorch"] / this[row.contender])
+            if "onnxruntime" in this:
+                row.vs_ort.append(this["onnxruntime"] / this[row.contender])
 
 
 # ---------------------------------------------------------------------------- one model
@@ -161,9 +235,23 @@ def bench_model(name: str, args, target, root: str) -> tuple[list[str], bool]:
     import relax_tune as rt
     from relax_tune.dynamic import parse_shape_hints
     from relax_tune.prepare import bind_params
+    from relax_tune.shape_bounds import SimplifyBoundedShapes
 
-    mod, weights, cfg = make_model(name, args.small)
     hints = parse_shape_hints(args.hints)
+    session = None
+    if name == "bert-export":
+        from relax_tune.model_loader import from_torch
+
+        module, program, cfg = export_model(args.small)
+        loaded = from_torch(program, name)
+        mod, weights = loaded.mod, loaded.params
+        var = str(mod["main"].params[0].ty.shape[1])  # the importer's name for the length
+        hints = {var: {min(size, cfg["max_len"]): w for table in hints.values()
+                       for size, w in table.items()}}
+        session = onnxruntime_session(module, cfg, os.path.join(root, f"{name}.onnx"),
+                                      int(os.environ["TVM_NUM_THREADS"]))
+    else:
+        mod, weights, cfg = make_model(name, args.small)
     with target:
         lowered = rt.transform.lower_for_tuning(mod, target, weights)
     tasks = rt.extract_tasks(lowered, target, shape_hints=hints)
@@ -173,7 +261,9 @@ def bench_model(name: str, args, target, root: str) -> tuple[list[str], bool]:
 
     start = time.perf_counter()
     with target:
-        untuned_ex = tvm.compile(relax.get_pipeline("zero")(bind_params(mod, weights)), target)
+        # SimplifyBoundedShapes: without it TVM's stock lowering fails on bert-export
+        untuned_ex = tvm.compile(relax.get_pipeline("zero")(
+            SimplifyBoundedShapes()(bind_params(mod, weights))), target)
     log(f"{name}: untuned build {time.perf_counter() - start:.1f} s")
 
     work_dir = os.path.join(root, f"{name}_work")
@@ -192,11 +282,15 @@ def bench_model(name: str, args, target, root: str) -> tuple[list[str], bool]:
     dev = tvm.cpu()
     vms = {"tvm-untuned": relax.VirtualMachine(untuned_ex, dev),
            "relax_tune": relax.VirtualMachine(tuned_ex, dev)}
-    reference = torch_forward(name, weights, cfg)
+    entry = "main" if session is not None else "forward"
+    reference = module if session is not None else torch_forward(name, weights, cfg)
     lines, failed = [], False
     rng = np.random.default_rng(1)
     for n in args.sizes:
-        x = rng.uniform(-1, 1, (1, n, cfg["dim"])).astype("float32")
+        if session is not None:
+            x = rng.integers(0, cfg["vocab"], (1, n)).astype("int64")
+        else:
+            x = rng.uniform(-1, 1, (1, n, cfg["dim"])).astype("float32")
         xt = torch.from_numpy(x)
         xv = tvm.runtime.tensor(x, dev)
 
@@ -204,8 +298,11 @@ def bench_model(name: str, args, target, root: str) -> tuple[list[str], bool]:
             with torch.inference_mode():
                 return reference(xt)
 
-        rows = [Row(c, (lambda f=vms[c]["forward"], xv=xv: f(xv))) for c in vms]
+        rows = [Row(c, (lambda f=vms[c][entry], xv=xv: f(xv))) for c in vms]
         rows.append(Row("pytorch", torch_call))
+        if session is not None:
+            rows.append(Row("onnxruntime",
+                            lambda x=x: _Output(session.run(None, {"ids": x})[0])))
         expected = torch_call().numpy()
         for row in rows:
             out = row.call()
@@ -218,9 +315,10 @@ def bench_model(name: str, args, target, root: str) -> tuple[list[str], bool]:
             ms = float(np.median(row.samples)) * 1e3
             bad = row.max_rel > args.tol
             failed |= bad
+            vs_ort = f"{np.median(row.vs_ort):.2f}x" if row.vs_ort else "-"
             lines.append(
                 f"| {name} | {n} | {row.contender} | {ms:.3f} | "
-                f"{np.median(row.vs_untuned):.2f}x | {np.median(row.vs_torch):.2f}x | "
+                f"{np.median(row.vs_untuned):.2f}x | {np.median(row.vs_torch):.2f}x | {vs_ort} | "
                 f"{f'{tune_secs:.0f}' if row.contender == 'relax_tune' else '-'} | "
                 f"{row.max_rel:.1e}{' MISMATCH' if bad else ''} |")
         log(f"{name}: n={n} timed")
@@ -231,7 +329,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["llama", "bert"],
-                        choices=["llama", "bert"])
+                        choices=["llama", "bert", "bert-export"])
     parser.add_argument("--sizes", nargs="+", type=int, default=[1, 16, 128, 512, 300],
                         help="sequence lengths to time (default: 1 16 128 512 and 300, "
                              "between the buckets)")
@@ -285,8 +383,8 @@ def main() -> int:
           f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}; load at start {os.getloadavg()}",
           flush=True)
     root = args.work_root or tempfile.mkdtemp(prefix="bench_dynamic_")
-    table = ["| model | n | contender | ms | vs untuned | vs PyTorch | tune wall s | "
-             "max rel diff |", "|---|---|---|---|---|---|---|---|"]
+    table = ["| model | n | contender | ms | vs untuned | vs PyTorch | vs ORT | tune wall s | "
+             "max rel diff |", "|---|---|---|---|---|---|---|---|---|"]
     failed = False
     for name in args.models:
         lines, bad = bench_model(name, args, target, root)
