@@ -279,3 +279,19 @@ def test_cache_flush_times_one_cold_call_per_repeat(tmp_path, flush, calls):
     assert err is None and len(secs) == 3
     after = float(_worker._cached_inputs(info, tvm.cpu(), 11)[1].numpy()[0])
     assert round(after - before) == calls
+
+
+def test_random_inputs_keep_a_constant_index_in_bounds():
+    """A 0-d integer argument (``take(qkv, 0)`` of a packed projection) is 0, so the function
+    reads inside its 3-long axis; other integers stay in [0, 4)."""
+    from tvm import te, topi
+
+    qkv = te.placeholder((3, 8, 4), "float32", name="qkv")
+    index = te.placeholder((), "int64", name="index")
+    func = te.create_prim_func([qkv, index, topi.take(qkv, index, axis=0)])
+    info = utils.args_info(tvm.IRModule({"main": func}))
+    args = _worker.random_inputs(info, tvm.cpu(), seed=3)
+    assert info[1][1] == "int64" and int(args[1].numpy()) == 0
+    values = np.concatenate([_worker.random_inputs([["TENSOR", "int32", [64]]], tvm.cpu(),
+                                                   seed=s)[0].numpy() for s in range(4)])
+    assert set(values.tolist()) == {0, 1, 2, 3}

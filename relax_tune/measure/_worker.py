@@ -159,9 +159,11 @@ def _np_dtype(dtype: str) -> np.dtype | None:
 
 def random_inputs(args_info: list, dev: Any, seed: int) -> list:
     """Arguments for ``main`` from ``args_info`` (``[["TENSOR", dtype, shape], ...]``):
-    seeded random tensors on ``dev`` -- floats uniform in [0, 1), integers in [0, 4),
-    booleans in {0, 1}; a SCALAR argument is 1. A dtype numpy cannot hold is allocated
-    uninitialised."""
+    seeded random tensors on ``dev`` -- floats uniform in [0, 1), integers in [0, 4) but 0 in
+    a 0-d tensor, booleans in {0, 1}; a SCALAR argument is 1. A dtype numpy cannot hold is
+    allocated uninitialised. (A 0-d integer tensor is a constant index: ``take(qkv, 0)`` of
+    PyTorch's packed q/k/v projection reads past its 3-long axis at index 3, and the
+    correctness screen then compared whatever lay there.)"""
     rng = np.random.default_rng(seed)
     args: list = []
     for info in args_info:
@@ -177,7 +179,7 @@ def random_inputs(args_info: list, dev: Any, seed: int) -> list:
         if npd.kind == "b":
             data = rng.integers(0, 2, size=shape).astype(npd)
         elif npd.kind in "iu":
-            data = rng.integers(0, 4, size=shape).astype(npd)
+            data = rng.integers(0, 4 if shape else 1, size=shape).astype(npd)
         else:
             data = rng.random(size=shape, dtype=np.float32).astype(npd)
         args.append(tvm.runtime.tensor(data, dev))
