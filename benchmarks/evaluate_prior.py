@@ -19,6 +19,12 @@ latency recorded after 8, 16, 32 and 64 trials (from the tuning records, in comm
 times of one session on this machine, not re-timed), the median over ``--seeds`` tuning runs
 (one run's first rounds can land far from another's), and whether 16 trials with the prior
 beat 64 without (the issue's goal).
+
+Those recorded latencies come from sessions minutes apart, and this machine's speed drifts
+by more than the gaps they compare. So the verdict is taken again on kernels timed side by
+side: per seed, the best kernel among the prior's first 16 candidates and the best among
+the fresh model's 64 are rebuilt and timed in interleaved rounds (``timing.interleaved``);
+printed is the median over seeds of the per-seed ratio (above 1: the prior's is faster).
 """
 
 from __future__ import annotations
@@ -100,6 +106,34 @@ def best_after(work_dir: str, ks) -> list[float]:
     return out
 
 
+def best_record(work_dir: str, k: int):
+    """The fastest valid record among the first ``k`` candidates of ``work_dir``."""
+    from relax_tune.database.records import is_baseline
+
+    recs = [r for r in rt.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
+            if not is_baseline(r.trace_json)][:k]
+    valid = [r for r in recs if r.is_valid]
+    return min(valid, key=lambda r: r.mean_run_secs) if valid else None
+
+
+def side_by_side(mod, target, records: dict, rounds: int = 7) -> dict:
+    """``{name: (median secs, median ratio first / name)}`` of the records' kernels (built
+    from their traces) timed in interleaved rounds on the same random inputs."""
+    import tvm
+    from timing import interleaved, kernel_timer
+
+    from relax_tune.utils import args_info, schedule_from_json
+
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.random([int(d) for d in info[2]]).astype(info[1]))
+            for info in args_info(mod)]
+    timers = {}
+    for name, rec in records.items():
+        lib = tvm.compile(schedule_from_json(mod, rec.trace_json).mod, target)
+        timers[name] = kernel_timer(lib, args)
+    return interleaved(timers, reference=next(iter(records)), rounds=rounds)
+
+
 def tuning_table(kernels, trials, seeds) -> None:
     """Tune each kernel with and without the prior, once per seed; print the median over
     seeds of the best latency after each budget (and every seed's figure at the largest)."""
@@ -115,6 +149,7 @@ def tuning_table(kernels, trials, seeds) -> None:
     for name in kernels:
         mod = by_name[name].build()
         medians = {}
+        kept: dict[str, list] = {}  # model: per seed, the best record of the budget compared
         for model in ("xgb-prior", "xgb-fresh"):
             bests, walls = [], []
             for seed in seeds:
@@ -125,6 +160,8 @@ def tuning_table(kernels, trials, seeds) -> None:
                                 convergence_window=0, progress_bar=False)
                     walls.append(time.perf_counter() - start)
                     bests.append(best_after(wd, trials))
+                    kept.setdefault(model, []).append(
+                        best_record(wd, 16 if model == "xgb-prior" else max(trials)))
             med = np.median(np.asarray(bests), axis=0)
             medians[model] = dict(zip(trials, med))
             label = "prior" if model == "xgb-prior" else "fresh"
@@ -136,6 +173,17 @@ def tuning_table(kernels, trials, seeds) -> None:
             with_prior, without = medians["xgb-prior"][16], medians["xgb-fresh"][64]
             verdicts.append(f"{name}: 16 with the prior {with_prior * 1e6:.1f} us vs 64 without "
                             f"{without * 1e6:.1f} us: {'yes' if with_prior <= without else 'no'}")
+            pairs = [p for p in zip(kept["xgb-fresh"], kept["xgb-prior"]) if all(p)]
+            timed = [side_by_side(mod, target, {"fresh@64": f, "prior@16": p})
+                     for f, p in pairs]
+            if timed:
+                ratio = float(np.median([t["prior@16"][1] for t in timed]))
+                secs = {k: float(np.median([t[k][0] for t in timed])) * 1e6
+                        for k in ("prior@16", "fresh@64")}
+                verdicts.append(
+                    f"{name}, timed side by side ({len(timed)} seeds, median): prior@16 "
+                    f"{secs['prior@16']:.1f} us, fresh@64 {secs['fresh@64']:.1f} us, prior "
+                    f"{ratio:.3f}x as fast: {'yes' if ratio >= 1.0 else 'no'}")
     for line in verdicts:
         print(line)
 
