@@ -130,7 +130,7 @@ def side_by_side(mod, target, records: dict, rounds: int = 7) -> dict:
     timers = {}
     for name, rec in records.items():
         lib = tvm.compile(schedule_from_json(mod, rec.trace_json).mod, target)
-        timers[name] = kernel_timer(lib, args)
+        timers[name] = kernel_timer(lib.mod, args)
     return interleaved(timers, reference=next(iter(records)), rounds=rounds)
 
 
