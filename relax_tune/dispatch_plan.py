@@ -9,8 +9,9 @@ record as ``ApplyDatabase`` replays it, serving every size, and times all of the
 untuned function) at each hinted size and at one probe size inside each stretch between
 neighbouring hinted sizes (four stretches per gap, one split where the nearest bucket
 changes; ``stretches``). A stretch (or hinted size) goes to the fastest there when it is
-clearly faster (``MARGIN``) than the nearest bucket and computes the right result at the
-probe; sizes above the largest go to the untuned function.
+clearly faster (``MARGIN``) than the nearest bucket, stays so timed alternately with it
+(``head_to_head``), and computes the right result at the probe; sizes above the largest go
+to the untuned function.
 
 The plan is kept in ``work_dir/dispatch_plan.json`` with the record each bucket was timed
 with; ``ApplyDatabase`` follows it (``served_ranges``) only while every bucket still
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +35,7 @@ from . import dynamic
 from .database import Database, is_baseline
 from .dispatch_rank import (BUCKET_ALTERNATIVES, bucket_records, ranking_for,
                             read_rankings)
+from .measure.head_to_head import head_to_head
 from .search import candidate_key
 from .utils import args_info, normalize_mod, structural_hash
 from .work_dir import read_json_entries, write_json
@@ -263,6 +266,8 @@ class _Planner:
         if best == owner or owner not in times or times[best] * MARGIN >= times[owner] \
                 or times[owner] - times[best] < MIN_GAIN_SECS:
             return owner
+        if not self._confirmed(best, owner, info):
+            return owner
         if low == high == owner and not self._faster_warm(best, owner, info):
             return owner  # a hinted size keeps the kernel tuned for it unless clearly beaten
         if best not in self.verdicts:  # once per kernel: at large sizes a check is slow
@@ -276,6 +281,21 @@ class _Planner:
                     "the untuned function" if best is None else f"bucket {best}",
                     times[best] * 1e3, probe, owner, times[owner] * 1e3)
         return best
+
+    def _confirmed(self, best: int | None, owner: int | None, info: list) -> bool:
+        """Whether ``best``'s kernel stays clearly faster than ``owner``'s timed alternately
+        (``head_to_head``, median of the rounds). The probe times the nearest bucket first
+        and the others after it, and the machine's speed drifts between the two: BERT's
+        layer (Zen 4) had n=363..512 of its FFN up served by bucket 16's kernel and n=1024
+        of its output projection by bucket 64's on one such timing."""
+        ratios = head_to_head(self.measurer.runner, self.built[owner][0],
+                              self.built[best][0], info, self.target)
+        confirmed = ratios is not None and statistics.median(ratios) * MARGIN < 1.0
+        if not confirmed:
+            logger.debug("%s: %s not confirmed against bucket %s side by side (ratios %s)",
+                         self.name, "the untuned function" if best is None else
+                         f"bucket {best}", owner, ratios)
+        return confirmed
 
     def _faster_warm(self, best: int | None, owner: int | None, info: list) -> bool:
         """Whether ``best``'s kernel is also clearly faster than ``owner``'s timed warm.
