@@ -76,8 +76,9 @@ def graph_passes(target: tvm.target.Target | None = None,
                  winograd: bool = True) -> list[tvm.transform.Pass]:
     """Graph-level work done before any kernel exists, as ONNX Runtime does before its
     kernels run: shapes are simplified with the bounds of their symbolic variables
-    (``shape_bounds.SimplifyBoundedShapes``), batch norms after convolutions are folded into the convolutions' weights
-    and bias (with bound weights the scale and shift are constants, folded at compile time),
+    (``shape_bounds.SimplifyBoundedShapes``), batch norms after convolutions are folded into
+    the convolutions' weights and bias (with bound weights the scale and shift are
+    constants, folded at compile time),
     the remaining batch norms and layer norms are decomposed into arithmetic that fuses into
     neighbouring kernels, patch convolutions (stride = kernel, a ViT's patch embedding)
     become matmuls, convolutions take the channels-last layout on CPU targets
