@@ -262,11 +262,11 @@ def dynamic_encoder():
     return torch.export.export(model, (ids,), dynamic_shapes={"ids": {1: seq}})
 
 
-def test_dynamic_sequence_export_tuned_matches_pytorch(target, tmp_path):
+def test_dynamic_sequence_export_compiles_and_matches_pytorch(target, tmp_path):
     """A ``torch.export`` with a dynamic sequence length compiles through the pipeline (the
     sliced position table has shape ``min(n, 64)`` until ``SimplifyBoundedShapes``), its
-    attention is one kernel, tuned at the hinted sizes, and every length from 1 to the
-    bound matches PyTorch; a hint naming no variable of the model is an error naming it."""
+    attention is one kernel with a task per hinted size, and lengths from 1 to the bound
+    match PyTorch; a hint naming no variable of the model is an error naming it."""
     program = dynamic_encoder()
     model = rt.model_loader.from_torch(program, "dynamic_encoder")
     var = str(model.mod["main"].params[0].ty.shape[1])
@@ -275,11 +275,10 @@ def test_dynamic_sequence_export_tuned_matches_pytorch(target, tmp_path):
     assert f"attention[{var}=32]" in {n.replace("attention1", "attention") for n in tasks}, tasks
     with pytest.raises(RelaxTuneError, match=f"names no symbolic variable.*{var}"):
         rt.extract_tasks(lowered, target, shape_hints={"seq": [8]})
+    # compiled without trials (a tuned dynamic attention: test_attention.py)
     ex = tvm.compile(model.mod, target, relax_pipeline=relax.get_pipeline(
-        "relax_tune", target=target, work_dir=str(tmp_path), max_trials_global=2,
-        op_names=["attention"], params=model.params, shape_hints={var: [8, 32]},
-        dispatch_plan=False, **SMALL))
-    assert _trials(str(tmp_path))[1] > 0
+        "relax_tune", target=target, work_dir=str(tmp_path), max_trials_global=0,
+        params=model.params, shape_hints={var: [8, 32]}))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     module = program.module()
     for n in (1, 7, 33, 64):
