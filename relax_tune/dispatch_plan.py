@@ -298,15 +298,12 @@ class _Planner:
         return confirmed
 
     def _faster_warm(self, best: int | None, owner: int | None, info: list) -> bool:
-        """Whether ``best``'s kernel is also clearly faster than ``owner``'s timed warm.
-        Flushed timing alone moved the Llama block's hinted n=16 to kernels that ran it 18%
-        slower in the model, where at that size the weights stay in the L3 cache (Zen 4)."""
+        """Whether ``best``'s kernel is also clearly faster than ``owner``'s timed warm (and
+        alternately, as ``_confirmed``). Flushed timing alone moved the Llama block's hinted
+        n=16 to kernels that ran it 18% slower in the model, where at that size the weights
+        stay in the L3 cache (Zen 4)."""
         with _cache_flushed(self.measurer.runner, False):
-            runs = self.measurer.runner.run([self.built[best][0], self.built[owner][0]],
-                                            info, self.target)
-        if not all(r.ok for r in runs):
-            return False
-        return runs[0].mean_secs * MARGIN < runs[1].mean_secs
+            return self._confirmed(best, owner, info)
 
 
 def _build(group: list[Any], orders: list[list], symbolic: tvm.IRModule, target: Any,
@@ -346,10 +343,10 @@ def _build(group: list[Any], orders: list[list], symbolic: tvm.IRModule, target:
 def _cache_flushed(runner: Any, flushed: bool = True):
     """``runner`` flushing the CPU cache before each timed call while in the block (or not,
     ``flushed=False``), where it can. In a model a kernel finds its weights in the outer
-    caches or memory, not in the L2 its own timing loop leaves them in, and which bucket's kernel is faster can differ: the
-    Llama block's q/k/v projection at n=128, bucket 16's kernel against bucket 64's (Zen 4,
-    2 threads): 0.31 / 0.33 ms timed warm, 0.56 / 0.44 ms flushed, and 1.40 / 1.07 ms for
-    its three calls in the model."""
+    caches or memory, not in the L2 its own timing loop leaves them in, and which bucket's
+    kernel is faster can differ: the Llama block's q/k/v projection at n=128, bucket 16's
+    kernel against bucket 64's (Zen 4, 2 threads): 0.31 / 0.33 ms timed warm, 0.56 / 0.44
+    ms flushed, and 1.40 / 1.07 ms for its three calls in the model."""
     if not hasattr(runner, "enable_cpu_cache_flush"):
         yield
         return
