@@ -23,7 +23,8 @@ beat 64 without (the issue's goal).
 Those recorded latencies come from sessions minutes apart, and this machine's speed drifts
 by more than the gaps they compare. So the verdict is taken again on kernels timed side by
 side: per seed, the best kernel among the prior's first 16 candidates and the best among
-the fresh model's 64 are rebuilt and timed in interleaved rounds (``timing.interleaved``);
+the fresh model's 64 are rebuilt and timed in interleaved rounds (``timing.interleaved``,
+the fastest of 5 repeats per round);
 printed is the median over seeds of the per-seed ratio (above 1: the prior's is faster).
 """
 
@@ -93,12 +94,16 @@ def ranking_table(corpus: str | list[str], seed: int, budgets=(0, 16, 32, 64)) -
                   f"{np.mean([m['top_overlap'] for m in ms]):6.2f}")
 
 
-def best_after(work_dir: str, ks) -> list[float]:
-    """Best recorded mean seconds among the first k candidates, for each k."""
+def measured_records(work_dir: str) -> list:
+    """The tuning records of ``work_dir`` in commit order, the untuned baselines left out."""
     from relax_tune.database.records import is_baseline
 
-    recs = [r for r in rt.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
+    return [r for r in rt.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
             if not is_baseline(r.trace_json)]
+
+
+def best_after(recs: list, ks) -> list[float]:
+    """Best recorded mean seconds among the first k of ``recs``, for each k."""
     out = []
     for k in ks:
         valid = [r.mean_run_secs for r in recs[:k] if r.is_valid]
@@ -106,13 +111,9 @@ def best_after(work_dir: str, ks) -> list[float]:
     return out
 
 
-def best_record(work_dir: str, k: int):
-    """The fastest valid record among the first ``k`` candidates of ``work_dir``."""
-    from relax_tune.database.records import is_baseline
-
-    recs = [r for r in rt.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
-            if not is_baseline(r.trace_json)][:k]
-    valid = [r for r in recs if r.is_valid]
+def best_record(recs: list, k: int):
+    """The fastest valid record among the first ``k`` of ``recs`` (None: none)."""
+    valid = [r for r in recs[:k] if r.is_valid]
     return min(valid, key=lambda r: r.mean_run_secs) if valid else None
 
 
@@ -130,7 +131,7 @@ def side_by_side(mod, target, records: dict, rounds: int = 7) -> dict:
     timers = {}
     for name, rec in records.items():
         lib = tvm.compile(schedule_from_json(mod, rec.trace_json).mod, target)
-        timers[name] = kernel_timer(lib.mod, args)
+        timers[name] = kernel_timer(lib.mod, args, min_secs=0.1, repeat=5)
     return interleaved(timers, reference=next(iter(records)), rounds=rounds)
 
 
@@ -159,9 +160,10 @@ def tuning_table(kernels, trials, seeds) -> None:
                                 num_trials_per_iter=8, cost_model=model, seed=seed,
                                 convergence_window=0, progress_bar=False)
                     walls.append(time.perf_counter() - start)
-                    bests.append(best_after(wd, trials))
+                    recs = measured_records(wd)
+                    bests.append(best_after(recs, trials))
                     kept.setdefault(model, []).append(
-                        best_record(wd, 16 if model == "xgb-prior" else max(trials)))
+                        best_record(recs, 16 if model == "xgb-prior" else max(trials)))
             med = np.median(np.asarray(bests), axis=0)
             medians[model] = dict(zip(trials, med))
             label = "prior" if model == "xgb-prior" else "fresh"
