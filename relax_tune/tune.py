@@ -372,7 +372,9 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
         if not cands:
             return
     traces = [None if c is None else c.trace_json for c in cands]
-    prepare = None if None in traces else (lambda: st.search.prepare(st.measured))
+    # the search grows its next pool while the builders work (before the first batch: while
+    # the baseline builds)
+    prepare = lambda: st.search.prepare(st.measured)  # noqa: E731
     batch = measurer.measure(st.task, traces, st.incumbent, st.report.best_secs,
                              st.report.baseline_secs, while_building=prepare)
     _commit(st, cands, batch, db)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tvm import te
 
-from relax_tune.cost_model import XGBModel, cost_model_dir
+from relax_tune.cost_model import PriorXGBModel, XGBModel, cost_model_dir
 from relax_tune.extract import extract_tasks
 from relax_tune.search import (EvolutionarySearch, ReplaySearch, SearchContext, make_search,
                                search_names)
@@ -93,6 +93,29 @@ def test_registered_and_never_returns_a_key_twice(target):
         search.update(batch, list(rng.uniform(1e-4, 1e-3, len(batch))))
     assert search.model.trained
     assert search.stats["mutants"] > 0  # the population evolved, not only fresh samples
+
+
+def test_a_model_that_ranks_before_the_first_trial_screens_a_larger_first_pool(target):
+    mod = matmul(64)
+    sizes = dict(ranked_pool=64, ranked_generations=2, ranked_mutants=16)
+    # epsilon 1: every pick would be random, except from the first pool a model ranks
+    prior = EvolutionarySearch(mod, target, seed=3, epsilon=1.0,
+                               context=SearchContext(cost_model=PriorXGBModel()), **sizes)
+    first = prior.next_candidates(4)
+    assert len(first) == 4 and prior.stats["fresh"] >= 64 > prior.fresh_per_call
+    model = prior.model
+    picked = model.predict_features(prior.task, np.stack([prior._given[c.key] for c in first]))
+    rest = model.predict_features(prior.task, np.stack([e.features for e in prior._pool.values()]))
+    assert picked.min() >= rest.max()  # the best-predicted four, no random pick
+    fresh_before = prior.stats["fresh"]
+    prior.update(first, [1e-4, 2e-4, 3e-4, 4e-4])
+    prior.next_candidates(4)  # later pools are the usual size
+    assert prior.stats["fresh"] - fresh_before <= prior.fresh_per_call
+    # a model that knows nothing yet: the usual first pool
+    blank = EvolutionarySearch(mod, target, seed=3,
+                               context=SearchContext(cost_model=XGBModel()), **sizes)
+    blank.next_candidates(4)
+    assert blank.stats["fresh"] <= blank.fresh_per_call
 
 
 def test_no_trace_measured_twice_in_a_run_or_across_a_resumed_run(tmp_path, target):

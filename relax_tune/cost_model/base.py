@@ -62,6 +62,11 @@ class CostModel:
         """Whether predictions carry information (False: they are random)."""
         return False
 
+    def ranks(self, task: str) -> bool:
+        """Whether the model's predictions for ``task``'s candidates carry information (the
+        search then screens a larger first pool with it); by default, ``trained``."""
+        return self.trained
+
 
 class RandomModel(CostModel):
     """Random scores: the baseline every learned model must beat (and what "random" names).

@@ -192,6 +192,11 @@ class PriorXGBModel(CostModel):
         """True when the pre-trained model is loaded (or the session trained the fresh one)."""
         return self.prior is not None or self.fresh.trained
 
+    def ranks(self, task: str) -> bool:
+        """True when the pre-trained model ranks ``task`` or the session trained the fresh
+        one."""
+        return self.uses_prior(task) or self.fresh.trained
+
     @property
     def num_rows(self) -> int:
         """Measured results of the session the model holds."""

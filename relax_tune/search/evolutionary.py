@@ -10,6 +10,16 @@ Each ``next_candidates`` call:
 3. returns ``n`` candidates: the best-predicted pool entries, except an ``epsilon`` share
    drawn at random from the pool (exploration while the model is still wrong).
 
+The first call for a task whose candidates the cost model already ranks (the pre-trained
+model; or a model trained on other tasks) and that has no measured candidate yet grows a
+larger pool: ``ranked_pool`` fresh samples and ``ranked_generations`` rounds of
+``ranked_mutants`` mutants, and returns the best-predicted ones without random picks. Those
+first candidates are all the measurements most tasks of a real model get; a model that
+ranks before the first trial is worth most when it screens many candidates (held-out
+kernels, best of 16 trials side by side with the best of 64 without the prior, median of 3
+seeds, AMD EPYC Zen 4: 0.99 / 0.90 / 0.93 / 0.97x with the usual 72-candidate first pool,
+1.00 / 0.92 / 1.06 / 1.07x with 256 fresh and 4 x 64 mutants).
+
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds (they overlap the builds); the call then only re-scores the pool with the model that
 has learnt that batch, and selects.
@@ -78,6 +88,8 @@ class EvolutionarySearch(SearchStrategy):
         warm_start_records: records of the task replayed at start to seed parents and to
             teach the cost model (best first; failures are only taught).
         max_pool: pool entries kept between calls (the best-predicted ones).
+        ranked_pool, ranked_generations, ranked_mutants: fresh samples, mutation rounds and
+            mutants per round of the first pool when the model already ranks the task.
         mutators: mutator -> probability; default ``default_mutators(num_cores)``.
         sketches: the design space; default ``space.generate_design_space(mod)``.
     """
@@ -89,6 +101,7 @@ class EvolutionarySearch(SearchStrategy):
                  fresh_per_call: int = 24, generations: int = 2,
                  mutants_per_generation: int = 24, epsilon: float = 0.1,
                  init_measured: int = 16, warm_start_records: int = 64, max_pool: int = 512,
+                 ranked_pool: int = 256, ranked_generations: int = 4, ranked_mutants: int = 64,
                  mutators: dict[Mutator, float] | None = None,
                  sketches: list[Trace] | None = None) -> None:
         if not 0.0 <= epsilon <= 1.0:
@@ -115,6 +128,9 @@ class EvolutionarySearch(SearchStrategy):
         self.epsilon = epsilon
         self.init_measured = init_measured
         self.max_pool = max_pool
+        self.ranked_pool = ranked_pool
+        self.ranked_generations = ranked_generations
+        self.ranked_mutants = ranked_mutants
         muts = mutators or default_mutators(target_params(target).num_cores)
         self.mutators = list(muts)
         probs = np.asarray([max(0.0, float(p)) for p in muts.values()])
@@ -127,6 +143,8 @@ class EvolutionarySearch(SearchStrategy):
         self._parents: dict[str, _Parent] = {}
         self._given: dict[str, np.ndarray] = {}  # features of returned candidates
         self._prepared = False  # the next call's pool was grown by prepare() already
+        self._grown = False  # a pool was grown before (the next one is not the first)
+        self._ranked_first = False  # the pool is the larger first one the model ranks
         self.errors: dict[str, int] = {}
         """Why samples and mutants were dropped: reason -> count."""
         self.stats = {"replays": 0, "replay_secs": 0.0, "feature_secs": 0.0,
@@ -238,13 +256,14 @@ class EvolutionarySearch(SearchStrategy):
                 return child
         return None
 
-    def _evolve(self, exclude: set[str] | frozenset[str]) -> None:
-        for _ in range(self.generations):
+    def _evolve(self, exclude: set[str] | frozenset[str], generations: int,
+                mutants: int) -> None:
+        for _ in range(generations):
             self._score_pool()
             parents = self._parent_traces()
             if not parents:
                 return
-            for _ in range(self.mutants_per_generation):
+            for _ in range(mutants):
                 child = self._mutate(parents[int(self.rng.integers(len(parents)))])
                 if child is None:
                     self._note("no mutation applies")
@@ -265,13 +284,13 @@ class EvolutionarySearch(SearchStrategy):
         if not self._tunable:
             return self._untunable(n, exclude)
         if not self._prepared:
-            self._sample_fresh(max(self.fresh_per_call, n - len(self._pool)), exclude)
-            self._evolve(exclude)
+            self._grow(exclude, at_least=n - len(self._pool))
         self._prepared = False
         if len(self._pool) < n:
             self._sample_fresh(n - len(self._pool), exclude)
         self._score_pool()
-        out = self._select(n)
+        out = self._select(n, 0.0 if self._ranked_first else self.epsilon)
+        self._ranked_first = False
         for cand in out:
             self._returned.add(cand.key)
             entry = self._pool.pop(cand.key)
@@ -289,13 +308,26 @@ class EvolutionarySearch(SearchStrategy):
         builds; the next call then only re-scores the pool with the updated model and
         selects (the batch's results become parents one call later)."""
         if self._tunable and not self._prepared:
-            self._sample_fresh(self.fresh_per_call, exclude)
-            self._evolve(exclude)
+            self._grow(exclude)
             self._prepared = True
 
-    def _select(self, n: int) -> list[Candidate]:
+    def _grow(self, exclude: set[str] | frozenset[str], at_least: int = 0) -> None:
+        """Fresh samples and mutation rounds for the next call; the first pool is the larger
+        one when the model already ranks the task (module docstring)."""
+        fresh, generations, mutants = \
+            self.fresh_per_call, self.generations, self.mutants_per_generation
+        ranks = getattr(self.model, "ranks", None)
+        if not self._grown and not self._parents and ranks is not None and ranks(self.task):
+            fresh, generations, mutants = \
+                self.ranked_pool, self.ranked_generations, self.ranked_mutants
+            self._ranked_first = True
+        self._grown = True
+        self._sample_fresh(max(fresh, at_least), exclude)
+        self._evolve(exclude, generations, mutants)
+
+    def _select(self, n: int, epsilon: float) -> list[Candidate]:
         ranked = sorted(self._pool.values(), key=lambda e: -e.score)
-        n_random = min(len(ranked), int(math.floor(self.epsilon * n + self.rng.random())))
+        n_random = min(len(ranked), int(math.floor(epsilon * n + self.rng.random())))
         n_best = min(len(ranked), n - n_random)
         chosen = ranked[:n_best]
         rest = ranked[n_best:]
