@@ -89,19 +89,25 @@ class EvolutionarySearch(SearchStrategy):
             teach the cost model (best first; failures are only taught).
         max_pool: pool entries kept between calls (the best-predicted ones).
         ranked_pool, ranked_generations, ranked_mutants: fresh samples, mutation rounds and
-            mutants per round of the first pool when the model already ranks the task.
+            mutants per round of the first pool when the model already ranks the task
+            (default: the class's ``RANKED_POOL``, ``RANKED_GENERATIONS``,
+            ``RANKED_MUTANTS``).
         mutators: mutator -> probability; default ``default_mutators(num_cores)``.
         sketches: the design space; default ``space.generate_design_space(mod)``.
     """
 
     name = "evolutionary"
+    RANKED_POOL = 256
+    RANKED_GENERATIONS = 4
+    RANKED_MUTANTS = 64
 
     def __init__(self, mod: tvm.IRModule, target: tvm.target.Target, seed: int = 1,
                  context: SearchContext | None = None, population_size: int = 32,
                  fresh_per_call: int = 24, generations: int = 2,
                  mutants_per_generation: int = 24, epsilon: float = 0.1,
                  init_measured: int = 16, warm_start_records: int = 64, max_pool: int = 512,
-                 ranked_pool: int = 256, ranked_generations: int = 4, ranked_mutants: int = 64,
+                 ranked_pool: int | None = None, ranked_generations: int | None = None,
+                 ranked_mutants: int | None = None,
                  mutators: dict[Mutator, float] | None = None,
                  sketches: list[Trace] | None = None) -> None:
         if not 0.0 <= epsilon <= 1.0:
@@ -128,9 +134,10 @@ class EvolutionarySearch(SearchStrategy):
         self.epsilon = epsilon
         self.init_measured = init_measured
         self.max_pool = max_pool
-        self.ranked_pool = ranked_pool
-        self.ranked_generations = ranked_generations
-        self.ranked_mutants = ranked_mutants
+        self.ranked_pool = self.RANKED_POOL if ranked_pool is None else ranked_pool
+        self.ranked_generations = \
+            self.RANKED_GENERATIONS if ranked_generations is None else ranked_generations
+        self.ranked_mutants = self.RANKED_MUTANTS if ranked_mutants is None else ranked_mutants
         muts = mutators or default_mutators(target_params(target).num_cores)
         self.mutators = list(muts)
         probs = np.asarray([max(0.0, float(p)) for p in muts.values()])
