@@ -26,14 +26,13 @@ import tvm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kernels import WORKLOADS  # noqa: E402  (same workload definitions)
-from timing import interleaved, kernel_timer, numpy_timer  # noqa: E402
+from timing import interleaved, numpy_timer, trace_timer  # noqa: E402
 
 import relax_tune as rt  # noqa: E402
 from relax_tune.measure import LocalBuilder, LocalRunner  # noqa: E402
 from relax_tune.tune import BASELINE_KEY  # noqa: E402
 from relax_tune.search import candidate_key  # noqa: E402
-from relax_tune.utils import (FAILED_RUN_SECS, ensure_tvm_threads, normalize_mod,  # noqa: E402
-                              schedule_from_json)
+from relax_tune.utils import FAILED_RUN_SECS, ensure_tvm_threads, normalize_mod  # noqa: E402
 
 
 class TimedBuilder(LocalBuilder):
@@ -108,12 +107,11 @@ def best_after(records: list[tuple[list, float]], k: int) -> list | None:
 
 
 def retimer(mod: tvm.IRModule, trace: list, target, inputs: list[np.ndarray], out_shape):
-    """A timer (``timing.kernel_timer``) of the kernel ``trace`` makes, compiled here."""
-    sch = schedule_from_json(mod, trace)
-    lib = tvm.compile(sch.mod, target).mod
+    """A timer (``timing.trace_timer``: packed weights packed once) of the kernel ``trace``
+    makes, compiled here."""
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(x, dev) for x in inputs] + [tvm.runtime.empty(out_shape, "float32", dev)]
-    return kernel_timer(lib, args)
+    return trace_timer(mod, trace, target, args)
 
 
 def run_relax_tune(mod, target, work_dir: str, trials: int, strategy: str, cost_model):

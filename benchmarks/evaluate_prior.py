@@ -119,19 +119,18 @@ def best_record(recs: list, k: int):
 
 def side_by_side(mod, target, records: dict, rounds: int = 7) -> dict:
     """``{name: (median secs, median ratio first / name)}`` of the records' kernels (built
-    from their traces) timed in interleaved rounds on the same random inputs."""
+    from their traces as the tuner's runner builds them: packed weights packed once) timed
+    in interleaved rounds on the same random inputs."""
     import tvm
-    from timing import interleaved, kernel_timer
+    from timing import interleaved, trace_timer
 
-    from relax_tune.utils import args_info, schedule_from_json
+    from relax_tune.utils import args_info
 
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(rng.random([int(d) for d in info[2]]).astype(info[1]))
             for info in args_info(mod)]
-    timers = {}
-    for name, rec in records.items():
-        lib = tvm.compile(schedule_from_json(mod, rec.trace_json).mod, target)
-        timers[name] = kernel_timer(lib.mod, args, min_secs=0.1, repeat=5)
+    timers = {name: trace_timer(mod, rec.trace_json, target, args, min_secs=0.1, repeat=5)
+              for name, rec in records.items()}
     return interleaved(timers, reference=next(iter(records)), rounds=rounds)
 
 

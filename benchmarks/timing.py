@@ -54,6 +54,21 @@ def kernel_timer(lib: tvm.runtime.Module, args: list, min_secs: float = 0.05,
     return lambda: float(min(evaluator(*args).results))
 
 
+def trace_timer(mod: tvm.IRModule, trace: list, target, args: list, min_secs: float = 0.05,
+                repeat: int = 1) -> Callable[[], float]:
+    """``kernel_timer`` of the kernel a tuning record's ``trace`` makes of ``mod``, built as
+    the tuner's runner times it: a schedule that packs a weight (layout rewrite) is split,
+    the weight packed once here, and only the kernel timed (as in a model, where the packing
+    runs at compile time). ``args`` (``main``'s, outputs last) are not changed."""
+    from relax_tune.measure.prepack import packed_args
+    from relax_tune.space.layout_rewrite import measurable_module
+    from relax_tune.utils import schedule_from_json
+
+    measured, plan = measurable_module(schedule_from_json(mod, trace).mod["main"])
+    lib = tvm.compile(measured, target).mod
+    return kernel_timer(lib, packed_args(lib, args, plan, tvm.cpu()), min_secs, repeat)
+
+
 def interleaved(timers: dict[str, Callable[[], float]], reference: str, rounds: int = 7,
                 pause: float = 0.3) -> dict[str, tuple[float, float]]:
     """Time every timer once per round for ``rounds`` rounds (the order rotates each
