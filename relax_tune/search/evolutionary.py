@@ -14,11 +14,12 @@ The first call for a task whose candidates the cost model already ranks (the pre
 model; or a model trained on other tasks) and that has no measured candidate yet grows a
 larger pool: ``ranked_pool`` fresh samples and ``ranked_generations`` rounds of
 ``ranked_mutants`` mutants, and returns the best-predicted ones without random picks. Those
-first candidates are all the measurements most tasks of a real model get; a model that
-ranks before the first trial is worth most when it screens many candidates (held-out
-kernels, best of 16 trials side by side with the best of 64 without the prior, median of 3
-seeds, AMD EPYC Zen 4: 0.99 / 0.90 / 0.93 / 0.97x with the usual 72-candidate first pool,
-1.00 / 0.92 / 1.06 / 1.07x with 256 fresh and 4 x 64 mutants).
+first candidates are all the measurements most tasks of a real model get, and a model
+that ranks before the first trial is worth most when it screens many candidates: on the
+held-out kernels of ``benchmarks/evaluate_prior.py``, the best of the prior's 16 trials
+against the best of 64 without it, timed side by side (seeds 4 and 5, AMD EPYC Zen 4),
+went from 0.73-1.07x with the usual first pool to 0.91-1.05x with this one. It costs
+3-8 s of replays per task on 2 cores.
 
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds (they overlap the builds); the call then only re-scores the pool with the model that
