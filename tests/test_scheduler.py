@@ -122,6 +122,8 @@ _CHILD = """
 import sys, relax_tune as rt
 from tvm import te
 import tvm
+from relax_tune.search import EvolutionarySearch
+EvolutionarySearch.RANKED_POOL = 32  # as tests/conftest.py's fixture, in this process too
 A = te.placeholder((128, 128), name="A"); B = te.placeholder((128, 128), name="B")
 k = te.reduce_axis((0, 128), name="k")
 C = te.compute((128, 128), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
