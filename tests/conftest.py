@@ -13,7 +13,7 @@ from relax_tune.utils import host_target
 def small_ranked_pool(monkeypatch):
     """The search's first pool ranked by the pre-trained model, at an eighth of its default
     size (about the usual pool's): the suite tunes hundreds of tasks, a few trials each, and
-    the full pool (about 500 replays per task) added 5 minutes to it. test_evolutionary
+    the full pool (about 700 replays per task) added 5 minutes to it. test_evolutionary
     checks the larger pool itself."""
     monkeypatch.setattr(EvolutionarySearch, "RANKED_POOL", 32)
     monkeypatch.setattr(EvolutionarySearch, "RANKED_GENERATIONS", 2)
