@@ -35,9 +35,7 @@ import tvm
 from tvm import te, topi
 
 import relax_tune as rt
-from timing import interleaved, kernel_timer, numpy_timer
-from relax_tune.measure.prepack import packed_args
-from relax_tune.space.layout_rewrite import measurable_module
+from timing import interleaved, kernel_timer, numpy_timer, packed_kernel
 from relax_tune.utils import ensure_tvm_threads, normalize_mod
 
 WEIGHT_ARG = {"matmul": 1, "conv2d": 1}
@@ -82,13 +80,11 @@ def prepare_kernel(mod: tvm.IRModule, target, inputs, ref) -> tuple:
     ``(lib, args, seconds of the checked call)``. When its schedule packs a weight, the
     packing runs here, once, and ``args`` hold the packed weight: only the kernel is timed,
     as in a model with constant weights."""
-    measured, plan = measurable_module(mod["main"])
-    lib = tvm.compile(measured, target).mod
     dev = tvm.cpu()
     args_ = [tvm.runtime.tensor(x, dev) for x in inputs]
     expected = ref(*inputs)
     args_.append(tvm.runtime.empty(expected.shape, "float32", dev))
-    args_ = packed_args(lib, args_, plan, dev)
+    lib, args_ = packed_kernel(mod, target, args_)
     start = time.perf_counter()
     lib["main"](*args_)
     once = time.perf_counter() - start

@@ -104,11 +104,8 @@ def measured_records(work_dir: str) -> list:
 
 def best_after(recs: list, ks) -> list[float]:
     """Best recorded mean seconds among the first k of ``recs``, for each k."""
-    out = []
-    for k in ks:
-        valid = [r.mean_run_secs for r in recs[:k] if r.is_valid]
-        out.append(min(valid) if valid else float("nan"))
-    return out
+    bests = [best_record(recs, k) for k in ks]
+    return [float("nan") if r is None else r.mean_run_secs for r in bests]
 
 
 def best_record(recs: list, k: int):

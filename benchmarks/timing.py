@@ -54,26 +54,35 @@ def kernel_timer(lib: tvm.runtime.Module, args: list, min_secs: float = 0.05,
     return lambda: float(min(evaluator(*args).results))
 
 
-def trace_timer(mod: tvm.IRModule, trace: list, target, args: list, min_secs: float = 0.05,
-                repeat: int = 1) -> Callable[[], float]:
-    """``kernel_timer`` of the kernel a tuning record's ``trace`` makes of ``mod``, built as
-    the tuner's runner times it: a schedule that packs a weight (layout rewrite) is split,
-    the weight packed once here, and only the kernel timed (as in a model, where the packing
-    runs at compile time). ``args`` (``main``'s, outputs last) are not changed."""
+def packed_kernel(scheduled: tvm.IRModule, target, args: list) -> tuple[tvm.runtime.Module, list]:
+    """``(lib, args for lib["main"])`` of a scheduled workload, built as the tuner's runner
+    builds it: a schedule that packs a weight (layout rewrite) is split, the weight packed
+    once here, and only the kernel is left to time (as in a model, where the packing runs at
+    compile time). ``args`` (``main``'s, outputs last) are not changed."""
     from relax_tune.measure.prepack import packed_args
     from relax_tune.space.layout_rewrite import measurable_module
+
+    measured, plan = measurable_module(scheduled["main"])
+    lib = tvm.compile(measured, target).mod
+    return lib, packed_args(lib, args, plan, tvm.cpu())
+
+
+def trace_timer(mod: tvm.IRModule, trace: list, target, args: list, min_secs: float = 0.05,
+                repeat: int = 1) -> Callable[[], float]:
+    """``kernel_timer`` of the kernel a tuning record's ``trace`` makes of ``mod``
+    (``packed_kernel``: packed weights packed once)."""
     from relax_tune.utils import schedule_from_json
 
-    measured, plan = measurable_module(schedule_from_json(mod, trace).mod["main"])
-    lib = tvm.compile(measured, target).mod
-    return kernel_timer(lib, packed_args(lib, args, plan, tvm.cpu()), min_secs, repeat)
+    lib, packed = packed_kernel(schedule_from_json(mod, trace).mod, target, args)
+    return kernel_timer(lib, packed, min_secs, repeat)
 
 
 def interleaved(timers: dict[str, Callable[[], float]], reference: str, rounds: int = 7,
                 pause: float = 0.3) -> dict[str, tuple[float, float]]:
     """Time every timer once per round for ``rounds`` rounds (the order rotates each
-    round; ``pause`` seconds of sleep before each timing). Returns ``name -> (median secs, median per-round ratio reference / name)``: the
-    ratio is the speed relative to the reference (above 1: faster)."""
+    round; ``pause`` seconds of sleep before each timing). Returns ``name -> (median secs,
+    median per-round ratio reference / name)``: the ratio is the speed relative to the
+    reference (above 1: faster)."""
     names = list(timers)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):

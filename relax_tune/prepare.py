@@ -79,11 +79,11 @@ def graph_passes(target: tvm.target.Target | None = None,
     (``shape_bounds.SimplifyBoundedShapes``), batch norms after convolutions are folded into
     the convolutions' weights and bias (with bound weights the scale and shift are
     constants, folded at compile time), the remaining batch norms and layer norms are
-    decomposed into arithmetic that fuses into neighbouring kernels, patch convolutions (stride = kernel, a ViT's patch embedding)
-    become matmuls, convolutions take the channels-last layout on CPU targets
-    (``graph.ChannelsLastConvolutions``), large 3x3 stride-1 convolutions are computed by
-    Winograd's algorithm on CPU targets unless ``winograd`` is False
-    (``winograd.WinogradConvolutions``), and constants are folded."""
+    decomposed into arithmetic that fuses into neighbouring kernels, patch convolutions
+    (stride = kernel, a ViT's patch embedding) become matmuls, convolutions take the
+    channels-last layout on CPU targets (``graph.ChannelsLastConvolutions``), large 3x3
+    stride-1 convolutions are computed by Winograd's algorithm on CPU targets unless
+    ``winograd`` is False (``winograd.WinogradConvolutions``), and constants are folded."""
     cpu = target is not None and target.kind.name == "llvm"
     return [
         SimplifyBoundedShapes(),  # a position table sliced to a bounded sequence length

@@ -10,6 +10,7 @@ is ``relax_tune.report``'s; the bar and the log are ``relax_tune.progress``'s.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -374,9 +375,9 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
     traces = [None if c is None else c.trace_json for c in cands]
     # the search grows its next pool while the builders work (before the first batch: while
     # the baseline builds)
-    prepare = lambda: st.search.prepare(st.measured)  # noqa: E731
     batch = measurer.measure(st.task, traces, st.incumbent, st.report.best_secs,
-                             st.report.baseline_secs, while_building=prepare)
+                             st.report.baseline_secs,
+                             while_building=functools.partial(st.search.prepare, st.measured))
     _commit(st, cands, batch, db)
 
 
