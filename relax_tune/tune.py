@@ -186,7 +186,10 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
                 continue
             for cand in cands:
                 st.measured.add(cand.key)
-            _measure(st, cands, db, measurer)
+            waiting = sum(1 for t in states if t.progress.active and t.progress.rounds == 0) \
+                if st.progress.rounds == 0 else 1
+            _measure(st, cands, db, measurer,
+                     prepare=_may_get_another_batch(st, len(cands), remaining, per_task, waiting))
             remaining -= len(cands)
             _after_round(st, per_task, cfg.convergence_window)
             progress.advance(st.report, len(cands))
@@ -360,10 +363,21 @@ def _init_state(index: int, task: Task, db: Database, strategy: str,
                       incumbent=Incumbent(trace=best_trace))
 
 
+def _may_get_another_batch(st: _TaskState, n: int, remaining: int, per_task: int,
+                           waiting: int) -> bool:
+    """Whether the task can be given a batch after this one of ``n``: not when it reaches
+    its own budget, nor when this batch and the rest of the first round (``waiting`` tasks,
+    this one included, about ``n`` each) take the whole budget left. It only decides
+    whether the search grows its next pool while this batch builds; a wrong guess costs
+    time, never candidates."""
+    return st.report.trials + n < per_task and remaining - n * max(1, waiting) > 0
+
+
 def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
-             measurer: Measurer) -> None:
+             measurer: Measurer, prepare: bool = True) -> None:
     """Measure one batch of one task (None: the untuned function) and commit it: one record
-    per candidate, the report updated, the search told how its candidates did."""
+    per candidate, the report updated, the search told how its candidates did. With
+    ``prepare``, the search grows its next pool while the builders work."""
     if st.task.symbolic is not None and None not in cands:
         cands, unusable = _symbolic_screen(st.task, cands)
         if unusable:
@@ -377,7 +391,8 @@ def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
     # the baseline builds)
     batch = measurer.measure(st.task, traces, st.incumbent, st.report.best_secs,
                              st.report.baseline_secs,
-                             while_building=functools.partial(st.search.prepare, st.measured))
+                             while_building=functools.partial(st.search.prepare, st.measured)
+                             if prepare else None)
     _commit(st, cands, batch, db)
 
 

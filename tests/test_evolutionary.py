@@ -118,6 +118,21 @@ def test_a_model_that_ranks_before_the_first_trial_screens_a_larger_first_pool(t
     assert blank.stats["fresh"] <= blank.fresh_per_call
 
 
+def test_a_space_of_few_programs_stops_sampling_after_a_streak_of_duplicates(target):
+    """An elementwise function has a handful of distinct programs: the first pool (the
+    large one the prior ranks) stops after ``max_fail_streak`` duplicates in a row instead
+    of replaying them a thousand times."""
+    a = te.placeholder((64, 64), "float32", name="A")
+    mod = normalize_mod(te.create_prim_func([a, te.compute((64, 64), lambda i, j: a[i, j] * 2.0,
+                                                           name="B")]))
+    search = EvolutionarySearch(mod, target, seed=1, max_fail_streak=32,
+                                context=SearchContext(cost_model=PriorXGBModel()),
+                                ranked_pool=256, ranked_generations=4, ranked_mutants=64)
+    assert search.next_candidates(8)
+    # without the streak: 4 x 256 + 8 fresh attempts and 4 x 64 mutants (about 1300)
+    assert search.stats["replays"] <= 4 * 32 + len(search._pool) + 16, search.stats
+
+
 def test_no_trace_measured_twice_in_a_run_or_across_a_resumed_run(tmp_path, target):
     work_dir = str(tmp_path)
     task = extract_tasks(matmul(64), target)[0]

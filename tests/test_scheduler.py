@@ -97,6 +97,27 @@ def test_max_time_stops_tuning(two_task_model, tmp_path, caplog):
     assert all(r.task_name in warned[0] for r in reports)
 
 
+def test_no_next_pool_is_grown_for_a_batch_that_cannot_come(two_task_model, tmp_path,
+                                                            monkeypatch):
+    """The search grows its next pool while a batch builds, but not after a task's last
+    batch: here the budget is one batch per task, so pools are grown only while the
+    baselines build (each task's first pool)."""
+    from relax_tune.search import EvolutionarySearch
+
+    grown = []
+    prepare = EvolutionarySearch.prepare
+    monkeypatch.setattr(EvolutionarySearch, "prepare",
+                        lambda self, *a, **k: (grown.append(self.task), prepare(self, *a, **k)))
+    reports = rt.tune_tasks(two_task_model, str(tmp_path / "one"), max_trials_global=4,
+                            **SMALL)
+    assert [r.trials for r in reports] == [2, 2]
+    assert len(grown) == 2 and len(set(grown)) == 2
+    grown.clear()  # a budget of two batches each: the first batches prepare the next
+    reports = rt.tune_tasks(two_task_model, str(tmp_path / "two"), max_trials_global=8,
+                            convergence_window=0, **SMALL)
+    assert sum(r.trials for r in reports) == 8 and len(grown) > 2
+
+
 def test_too_cheap_is_judged_on_the_tuned_model_after_a_first_batch(two_task_model, tmp_path):
     """Every task gets its first batch; then a task whose share of the estimated tuned
     model time (weight x best latency) is under min_task_share waits, and the budget goes

@@ -89,6 +89,9 @@ class EvolutionarySearch(SearchStrategy):
         warm_start_records: records of the task replayed at start to seed parents and to
             teach the cost model (best first; failures are only taught).
         max_pool: pool entries kept between calls (the best-predicted ones).
+        max_fail_streak: consecutive invalid or duplicate samples (or mutants) that end the
+            sampling (or the mutation rounds) of a call: a task whose space holds a few
+            programs (an elementwise function) would otherwise replay them hundreds of times.
         ranked_pool, ranked_generations, ranked_mutants: fresh samples, mutation rounds and
             mutants per round of the first pool when the model already ranks the task
             (default: the class's ``RANKED_POOL``, ``RANKED_GENERATIONS``,
@@ -107,8 +110,8 @@ class EvolutionarySearch(SearchStrategy):
                  fresh_per_call: int = 24, generations: int = 2,
                  mutants_per_generation: int = 24, epsilon: float = 0.1,
                  init_measured: int = 16, warm_start_records: int = 64, max_pool: int = 512,
-                 ranked_pool: int | None = None, ranked_generations: int | None = None,
-                 ranked_mutants: int | None = None,
+                 max_fail_streak: int = 64, ranked_pool: int | None = None,
+                 ranked_generations: int | None = None, ranked_mutants: int | None = None,
                  mutators: dict[Mutator, float] | None = None,
                  sketches: list[Trace] | None = None) -> None:
         if not 0.0 <= epsilon <= 1.0:
@@ -135,6 +138,7 @@ class EvolutionarySearch(SearchStrategy):
         self.epsilon = epsilon
         self.init_measured = init_measured
         self.max_pool = max_pool
+        self.max_fail_streak = max_fail_streak
         self.ranked_pool = self.RANKED_POOL if ranked_pool is None else ranked_pool
         self.ranked_generations = \
             self.RANKED_GENERATIONS if ranked_generations is None else ranked_generations
@@ -226,12 +230,15 @@ class EvolutionarySearch(SearchStrategy):
         return True
 
     def _sample_fresh(self, count: int, exclude: set[str] | frozenset[str]) -> int:
-        added, attempts = 0, 0
-        while added < count and attempts < 4 * count + 8:
+        added, attempts, streak = 0, 0, 0
+        while added < count and attempts < 4 * count + 8 and streak < self.max_fail_streak:
             attempts += 1
             sketch = self.sketches[int(self.rng.integers(len(self.sketches)))]
             if self._add(sketch, exclude):
                 added += 1
+                streak = 0
+            else:
+                streak += 1
         self.stats["fresh"] += added
         return added
 
@@ -266,18 +273,24 @@ class EvolutionarySearch(SearchStrategy):
 
     def _evolve(self, exclude: set[str] | frozenset[str], generations: int,
                 mutants: int) -> None:
+        streak = 0
         for _ in range(generations):
             self._score_pool()
             parents = self._parent_traces()
             if not parents:
                 return
             for _ in range(mutants):
+                if streak >= self.max_fail_streak:
+                    return
                 child = self._mutate(parents[int(self.rng.integers(len(parents)))])
                 if child is None:
                     self._note("no mutation applies")
-                    continue
-                if self._add(child, exclude):
+                    streak += 1
+                elif self._add(child, exclude):
                     self.stats["mutants"] += 1
+                    streak = 0
+                else:
+                    streak += 1
 
     # -- the strategy ---------------------------------------------------------------------
 
