@@ -10,11 +10,15 @@ from relax_tune.utils import host_target
 
 
 @pytest.fixture(autouse=True)
-def small_ranked_pool(monkeypatch):
-    """The search's first pool ranked by the pre-trained model, at an eighth of its default
-    size (about the usual pool's): the suite tunes hundreds of tasks, a few trials each, and
-    the full pool (about 700 replays per task) added 5 minutes to it. test_evolutionary
-    checks the larger pool itself."""
+def small_pools(monkeypatch):
+    """The search's pools at a half (each call's) and an eighth (the first pool ranked by
+    the pre-trained model) of their default sizes: the suite tunes hundreds of tasks, a few
+    trials each, to check what tuning does, not how well it searches; the full first pool
+    (about 700 replays per task) added 5 minutes to it. test_evolutionary checks the pools'
+    sizes themselves."""
+    monkeypatch.setattr(EvolutionarySearch, "FRESH_PER_CALL", 12)
+    monkeypatch.setattr(EvolutionarySearch, "GENERATIONS", 1)
+    monkeypatch.setattr(EvolutionarySearch, "MUTANTS_PER_GENERATION", 24)
     monkeypatch.setattr(EvolutionarySearch, "RANKED_POOL", 32)
     monkeypatch.setattr(EvolutionarySearch, "RANKED_GENERATIONS", 2)
     monkeypatch.setattr(EvolutionarySearch, "RANKED_MUTANTS", 16)

@@ -84,6 +84,8 @@ class EvolutionarySearch(SearchStrategy):
         fresh_per_call: fresh design-space samples added to the pool per call.
         generations: mutation rounds per call.
         mutants_per_generation: mutation attempts per round.
+            (These three default to the class's ``FRESH_PER_CALL``, ``GENERATIONS``,
+            ``MUTANTS_PER_GENERATION``.)
         epsilon: share of each batch picked at random from the pool instead of by score.
         init_measured: best measured records (database included) kept as parents.
         warm_start_records: records of the task replayed at start to seed parents and to
@@ -101,14 +103,17 @@ class EvolutionarySearch(SearchStrategy):
     """
 
     name = "evolutionary"
+    FRESH_PER_CALL = 24
+    GENERATIONS = 2
+    MUTANTS_PER_GENERATION = 24
     RANKED_POOL = 256
     RANKED_GENERATIONS = 4
     RANKED_MUTANTS = 64
 
     def __init__(self, mod: tvm.IRModule, target: tvm.target.Target, seed: int = 1,
                  context: SearchContext | None = None, population_size: int = 32,
-                 fresh_per_call: int = 24, generations: int = 2,
-                 mutants_per_generation: int = 24, epsilon: float = 0.1,
+                 fresh_per_call: int | None = None, generations: int | None = None,
+                 mutants_per_generation: int | None = None, epsilon: float = 0.1,
                  init_measured: int = 16, warm_start_records: int = 64, max_pool: int = 512,
                  max_fail_streak: int = 64, ranked_pool: int | None = None,
                  ranked_generations: int | None = None, ranked_mutants: int | None = None,
@@ -132,9 +137,11 @@ class EvolutionarySearch(SearchStrategy):
         self.sketches = [without_decisions(s) for s in sketches] or [Trace([], {})]
         self.rng = np.random.default_rng(seed)
         self.population_size = population_size
-        self.fresh_per_call = fresh_per_call
-        self.generations = generations
-        self.mutants_per_generation = mutants_per_generation
+        self.fresh_per_call = self.FRESH_PER_CALL if fresh_per_call is None else fresh_per_call
+        self.generations = self.GENERATIONS if generations is None else generations
+        self.mutants_per_generation = \
+            self.MUTANTS_PER_GENERATION if mutants_per_generation is None \
+            else mutants_per_generation
         self.epsilon = epsilon
         self.init_measured = init_measured
         self.max_pool = max_pool
