@@ -10,6 +10,9 @@ Each ``next_candidates`` call:
 3. returns ``n`` candidates: the best-predicted pool entries, except an ``epsilon`` share
    drawn at random from the pool (exploration while the model is still wrong).
 
+Steps 1 and 2 end early after ``max_fail_streak`` invalid or duplicate samples (mutants) in
+a row: the space of an elementwise function holds a few programs.
+
 The first call for a task whose candidates the cost model already ranks (the pre-trained
 model; or a model trained on other tasks) and that has no measured candidate yet grows a
 larger pool: ``ranked_pool`` fresh samples and ``ranked_generations`` rounds of
@@ -19,7 +22,7 @@ that ranks before the first trial is worth most when it screens many candidates:
 held-out kernels of ``benchmarks/evaluate_prior.py``, the best of the prior's 16 trials
 against the best of 64 without it, timed side by side (seeds 4 and 5, AMD EPYC Zen 4),
 went from 0.73-1.07x with the usual first pool to 0.91-1.05x with this one. It costs
-3-8 s of replays per task on 2 cores.
+about 7-8 s of replays per convolution task on 2 cores.
 
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds (they overlap the builds); the call then only re-scores the pool with the model that
