@@ -131,6 +131,8 @@ def test_a_space_of_few_programs_stops_sampling_after_a_streak_of_duplicates(tar
     assert search.next_candidates(8)
     # without the streak: 4 x 256 + 8 fresh attempts and 4 x 64 mutants (about 1300)
     assert search.stats["replays"] <= 4 * 32 + len(search._pool) + 16, search.stats
+    with pytest.raises(ValueError, match="max_fail_streak must be at least 1"):
+        EvolutionarySearch(mod, target, max_fail_streak=0)
 
 
 def test_no_trace_measured_twice_in_a_run_or_across_a_resumed_run(tmp_path, target):

@@ -124,6 +124,8 @@ class EvolutionarySearch(SearchStrategy):
                  sketches: list[Trace] | None = None) -> None:
         if not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"epsilon must be in [0, 1], not {epsilon}")
+        if max_fail_streak < 1:
+            raise ValueError(f"max_fail_streak must be at least 1, not {max_fail_streak}")
         self.mod = mod
         self.target = target
         self.context = context or SearchContext()
