@@ -19,9 +19,9 @@ class Progress:
 
     On a terminal (``stderr`` is a TTY) a tqdm bar shows trials done/total, elapsed time,
     ETA and the current task, and the tuning table is printed above it after each round.
-    Otherwise nothing is printed: one INFO log line per batch goes to the ``relax_tune``
-    logger. When ``log_dir`` is given, everything down to DEBUG is also written to
-    ``log_dir/tune.log``.
+    Otherwise nothing is printed: one INFO log line per batch (and per baseline timed
+    before the first trial) goes to the ``relax_tune`` logger. When ``log_dir`` is given,
+    everything down to DEBUG is also written to ``log_dir/tune.log``.
     """
 
     def __init__(self, total: int, log_dir: str | None = None, enable_bar: bool | None = None):
@@ -48,6 +48,17 @@ class Progress:
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
         _LogTee.install(handler)
         return handler
+
+    def baseline(self, report, index: int, count: int) -> None:
+        """The untuned baseline of ``report``'s task was timed, ``index`` of ``count``. Before
+        the first trial the baselines, and the search's first pools grown meanwhile, take
+        minutes on a large model (ResNet-18 with the pre-trained model: about 3)."""
+        elapsed = time.perf_counter() - self.start
+        untuned = f"{report.baseline_secs * 1e6:.2f} us" if report.baseline_secs else "failed"
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"baseline {index}/{count} {report.task_name[:24]}")
+        logger.info("[baseline %d/%d, %.0f s] %s: untuned %s", index, count, elapsed,
+                    report.task_name, untuned)
 
     def advance(self, report, n: int) -> None:
         """``n`` more trials were measured for ``report``'s task."""

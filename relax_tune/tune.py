@@ -156,9 +156,10 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
         measurer.start()  # worker start-up overlaps the first build
     try:
         if cfg.measure_baseline and remaining > 0:
-            for st in states:
-                if BASELINE_KEY not in st.measured:
-                    _measure(st, [None], db, measurer)
+            missing = [st for st in states if BASELINE_KEY not in st.measured]
+            for i, st in enumerate(missing, 1):
+                _measure(st, [None], db, measurer)
+                progress.baseline(st.report, i, len(missing))
         _prioritise(states, per_task)
         rounds_since_table = 0
         while remaining > 0:
