@@ -178,6 +178,8 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
                 break
             st = states[index]
             n = min(cfg.num_trials_per_iter, per_task - st.report.trials, remaining)
+            # tasks still waiting for their first batch, this one included (1 after its first)
+            waiting = 1
             if st.progress.rounds == 0:  # a small budget is split over the first round
                 waiting = sum(1 for t in states if t.progress.active and t.progress.rounds == 0)
                 n = min(n, max(1, remaining // waiting))
@@ -187,8 +189,6 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
                 continue
             for cand in cands:
                 st.measured.add(cand.key)
-            waiting = sum(1 for t in states if t.progress.active and t.progress.rounds == 0) \
-                if st.progress.rounds == 0 else 1
             _measure(st, cands, db, measurer,
                      prepare=_may_get_another_batch(st, len(cands), remaining, per_task, waiting))
             remaining -= len(cands)
@@ -371,7 +371,7 @@ def _may_get_another_batch(st: _TaskState, n: int, remaining: int, per_task: int
     this one included, about ``n`` each) take the whole budget left. It only decides
     whether the search grows its next pool while this batch builds; a wrong guess costs
     time, never candidates."""
-    return st.report.trials + n < per_task and remaining - n * max(1, waiting) > 0
+    return st.report.trials + n < per_task and remaining - n * waiting > 0
 
 
 def _measure(st: _TaskState, cands: list[Candidate | None], db: Database,
