@@ -140,7 +140,9 @@ def tune_tasks(tasks: Sequence[Task], work_dir: str | None = None,
     builder = cfg.builder or LocalBuilder()  # after the check: it makes a temporary folder
     measurer = Measurer(builder, runner, cfg.check_correctness, cfg.head_to_head_rounds)
     model = make_cost_model(cfg.cost_model, work_dir)  # a name, or a CostModel passed through
-    states = [_init_state(i, task, db, cfg.strategy, cfg.seed, model)
+    # the searches replay candidates in the builder's workers too while those idle
+    replay_pool = _pool_of(builder)
+    states = [_init_state(i, task, db, cfg.strategy, cfg.seed, model, replay_pool)
               for i, task in enumerate(tasks)]
     remaining = max(0, cfg.max_trials_global - sum(st.report.trials for st in states))
     progress = Progress(remaining, logs_dir(work_dir) if work_dir else None,
@@ -336,8 +338,16 @@ def _after_round(st: _TaskState, per_task: int, window: int) -> None:
         logger.info("%s: converged (no 1%% gain in %d trials)", st.report.task_name, window)
 
 
+def _pool_of(builder: object) -> object:
+    """The builder's worker pool, for the searches' replays (None: not a LocalBuilder)."""
+    try:
+        return builder.pool if isinstance(builder, LocalBuilder) else None
+    except RuntimeError:  # shut down: its builds fail on their own, the replays stay here
+        return None
+
+
 def _init_state(index: int, task: Task, db: Database, strategy: str,
-                seed: int, cost_model=None) -> _TaskState:
+                seed: int, cost_model=None, replay_pool=None) -> _TaskState:
     workload = db.commit_workload(task.mod)
     records = db.get_records(workload)
     measured = {candidate_key(r.trace_json) for r in records}
@@ -358,7 +368,8 @@ def _init_state(index: int, task: Task, db: Database, strategy: str,
     task_seed = (seed * 1_000_003 + index * 7919) % (2**31 - 2) + 1
     warm = sorted(records, key=lambda r: r.mean_run_secs)
     search = make_search(strategy, task.mod, task.target, seed=task_seed,
-                         context=SearchContext(cost_model=cost_model, records=warm, task=task))
+                         context=SearchContext(cost_model=cost_model, records=warm, task=task,
+                                               replay_pool=replay_pool))
     return _TaskState(task, report, workload, search, measured,
                       progress=TaskProgress(weight=task.weight, importance=1.0),
                       incumbent=Incumbent(trace=best_trace))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from tvm import te
 
 from relax_tune.cost_model import PriorXGBModel, XGBModel, cost_model_dir
 from relax_tune.extract import extract_tasks
+from relax_tune.measure import LocalBuilder
 from relax_tune.search import (EvolutionarySearch, ReplaySearch, SearchContext, make_search,
                                search_names)
 from relax_tune.search.base import candidate_key
@@ -20,7 +22,7 @@ from relax_tune.search.mutators import (MutateCategorical, MutateParallel, Mutat
 from relax_tune.space import (check_decision, sampling_instructions, sketch_part,
                               space_for_target, validate_decisions)
 from relax_tune.tune import BASELINE_KEY, tune_tasks
-from relax_tune.utils import normalize_mod
+from relax_tune.utils import normalize_mod, structural_hash
 
 
 def matmul(n: int):
@@ -104,7 +106,8 @@ def test_a_model_that_ranks_before_the_first_trial_screens_a_larger_first_pool(t
     first = prior.next_candidates(4)
     assert len(first) == 4 and prior.stats["fresh"] >= 64 > prior.fresh_per_call
     model = prior.model
-    picked = model.predict_features(prior.task, np.stack([prior._given[c.key] for c in first]))
+    picked = model.predict_features(prior.task,
+                                    np.stack([prior._given[c.key].features for c in first]))
     rest = model.predict_features(prior.task, np.stack([e.features for e in prior._pool.values()]))
     assert picked.min() >= rest.max()  # the best-predicted four, no random pick
     fresh_before = prior.stats["fresh"]
@@ -133,6 +136,55 @@ def test_a_space_of_few_programs_stops_sampling_after_a_streak_of_duplicates(tar
     assert search.stats["replays"] <= 4 * 32 + len(search._pool) + 16, search.stats
     with pytest.raises(ValueError, match="max_fail_streak must be at least 1"):
         EvolutionarySearch(mod, target, max_fail_streak=0)
+
+
+@pytest.fixture(scope="module")
+def builder_pool():
+    """A LocalBuilder whose workers have all started (the tuner hands their pool to the
+    searches; a worker still starting is busy, and the search replays without it)."""
+    builder = LocalBuilder()
+    for started in [builder.pool.submit(time.sleep, 0.2) for _ in range(builder.max_workers)]:
+        started.result()
+    yield builder
+    builder.shutdown()
+
+
+def test_the_builders_workers_replay_the_same_candidates(target, builder_pool):
+    """The first pool's replays shared with the builder's workers give the same candidates
+    as replaying all in this process; a candidate from a worker rebuilds its schedule when
+    asked, and it is the program the search pooled."""
+    mod = matmul(64)
+    sizes = dict(ranked_pool=48, ranked_generations=2, ranked_mutants=24)
+
+    def first_batch(pool):
+        search = EvolutionarySearch(mod, target, seed=5, **sizes, context=SearchContext(
+            cost_model=PriorXGBModel(), replay_pool=pool))
+        return search, search.next_candidates(6)
+
+    here, expected = first_batch(None)
+    shared, got = first_batch(builder_pool.pool)
+    assert [c.key for c in got] == [c.key for c in expected]
+    assert here.replayer.stats["worker"] == 0 < shared.replayer.stats["worker"]
+    from_worker = [c for c in got if c._sch is None]
+    assert from_worker  # the workers replayed some of the chosen ones
+    cand = from_worker[0]
+    assert structural_hash(cand.sch.mod) == shared._given[cand.key].program
+    shared.update(got, [1e-4 * (i + 1) for i in range(len(got))])  # parents from worker ones
+    here.update(expected, [1e-4 * (i + 1) for i in range(len(expected))])
+    assert [c.key for c in shared.next_candidates(4)] == \
+        [c.key for c in here.next_candidates(4)]
+
+
+def test_replays_stay_here_when_the_pool_is_gone(target):
+    """A pool shut down under the search (a builder closed early): the search replays
+    everything itself and still returns candidates."""
+    builder = LocalBuilder()
+    pool = builder.pool
+    builder.shutdown()
+    search = EvolutionarySearch(matmul(64), target, seed=2, context=SearchContext(
+        replay_pool=pool))
+    assert len(search.next_candidates(4)) == 4
+    assert search.replayer.pool is None and search.replayer.stats["worker"] == 0
 
 
 def test_no_trace_measured_twice_in_a_run_or_across_a_resumed_run(tmp_path, target):

@@ -7,23 +7,43 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import tvm
 from tvm.s_tir import Schedule
 
+from ..utils import schedule_from_json
 
-@dataclass
+
 class Candidate:
     """One scheduled candidate, ready to build.
 
     Attributes:
-        sch: the scheduled (traced) schedule, in this process.
         trace_json: ``utils.trace_to_json(sch.trace)``: replayable with
             ``utils.schedule_from_json`` on the workload, postprocessing included.
         key: ``candidate_key(trace_json)``.
+        sch: the scheduled (traced) schedule in this process. A candidate replayed in a
+            worker process is given ``mod`` instead, and its schedule is rebuilt from
+            ``trace_json`` the first time it is asked for (the tuner never asks: it builds
+            from the JSON).
     """
 
-    sch: Schedule
-    trace_json: list
-    key: str
+    def __init__(self, sch: Schedule | None = None, trace_json: list | None = None,
+                 key: str = "", mod: tvm.IRModule | None = None) -> None:
+        if sch is None and mod is None:
+            raise ValueError("a Candidate needs its schedule or its workload")
+        self._sch = sch
+        self._mod = mod
+        self.trace_json = trace_json
+        self.key = key
+
+    @property
+    def sch(self) -> Schedule:
+        """The candidate's schedule (rebuilt from ``trace_json`` when it came from a worker)."""
+        if self._sch is None:
+            self._sch = schedule_from_json(self._mod, self.trace_json)
+        return self._sch
+
+    def __repr__(self) -> str:
+        return f"Candidate(key={self.key!r})"
 
 
 def candidate_key(trace_json: list) -> str:
@@ -45,12 +65,16 @@ class SearchContext:
         task_name: the task's name, for logs (the task's when only ``task`` is given).
         task: the task being searched (``relax_tune.extract.Task``: name, weight, workload),
             or None when a search is used on its own.
+        replay_pool: the builder's worker pool (``LocalBuilder.pool``), whose idle workers
+            may replay the search's candidates (``replayer.Replayer``); None: all in this
+            process.
     """
 
     cost_model: Any = None
     records: list = field(default_factory=list)
     task_name: str = ""
     task: Any = None
+    replay_pool: Any = None
 
     def __post_init__(self) -> None:
         if not self.task_name and self.task is not None:

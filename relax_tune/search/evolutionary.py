@@ -26,7 +26,10 @@ about 7-8 s of replays per convolution task on 2 cores.
 
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds (they overlap the builds); the call then only re-scores the pool with the model that
-has learnt that batch, and selects.
+has learnt that batch, and selects. Their replays go in chunks to a ``Replayer``
+(``replayer.py``), which shares them with the builder's idle worker processes when the
+context gives it their pool (``SearchContext.replay_pool``); the candidates are the same
+either way.
 
 Nothing already measured, excluded or returned before is ever returned, and no two returned
 candidates lower to the same program. Without a cost model, scores are random.
@@ -47,30 +50,37 @@ from ..cost_model.features import N_FEATURES, extract_features
 from ..database.records import is_baseline
 from ..space import sketch_part, space_for_target, without_decisions
 from ..space.params import target_params
-from ..utils import FAILED_RUN_SECS, schedule_from_json, structural_hash, trace_to_json
+from ..utils import FAILED_RUN_SECS, schedule_from_json, structural_hash
 from .base import Candidate, SearchContext, SearchStrategy, candidate_key
 from .mutators import Mutator, default_mutators
+from .replayer import Job, Outcome, Replayer, decisions_of, with_decisions
 
 logger = logging.getLogger("relax_tune.search")
 
 _SEED_HIGH = 2**31 - 1
+_CHUNK = 32  # jobs replayed together (shared with the workers; those past a stop are wasted)
 
 
 @dataclass
 class _Entry:
-    """A valid, unmeasured candidate in the pool, with its features."""
+    """A valid, unmeasured candidate in the pool, with its features, and its sketch (an
+    index into the replayer's) and decisions to mutate it from."""
 
     cand: Candidate
     program: int
     features: np.ndarray
+    sketch: int
+    decisions: list
     score: float = 0.0
 
 
 @dataclass
 class _Parent:
-    """A measured candidate that mutations may start from."""
+    """A measured candidate that mutations may start from: its sketch (an index) and the
+    sketch with its decisions."""
 
-    sketch: Trace
+    sketch: int
+    trace: Trace
     secs: float
 
 
@@ -139,7 +149,9 @@ class EvolutionarySearch(SearchStrategy):
             set_target(self.task, target)
         if sketches is None:
             sketches = self.space.generate_design_space(mod)
+        self.replayer = Replayer(mod, target, self.space, pool=self.context.replay_pool)
         self.sketches = [without_decisions(s) for s in sketches] or [Trace([], {})]
+        self._sketch_ids = [self.replayer.sketch_index(s) for s in self.sketches]
         self.rng = np.random.default_rng(seed)
         self.population_size = population_size
         self.fresh_per_call = self.FRESH_PER_CALL if fresh_per_call is None else fresh_per_call
@@ -195,7 +207,7 @@ class EvolutionarySearch(SearchStrategy):
             run = float(rec.mean_run_secs) if rec.is_valid else FAILED_RUN_SECS
             self._programs.add(structural_hash(sch.mod))
             if rec.is_valid and len(self._parents) < self.init_measured:
-                self._parents[key] = _Parent(sketch_part(sch.trace), run)
+                self._parents[key] = self._parent_of(sch, run)
             rows.append(self._features(sch))
             secs.append(run)
             keys.append(key)
@@ -217,40 +229,54 @@ class EvolutionarySearch(SearchStrategy):
     def _seed(self) -> int:
         return int(self.rng.integers(1, _SEED_HIGH))
 
-    def _add(self, trace: Trace, exclude: set[str] | frozenset[str]) -> bool:
-        """Replay ``trace`` (decisions kept, missing ones sampled) and pool the result if it
-        is valid and new."""
+    def _parent_of(self, sch: Schedule, secs: float) -> _Parent:
+        """A parent from a schedule replayed here (a record, a candidate from elsewhere)."""
+        sketch = sketch_part(sch.trace)
+        return _Parent(self.replayer.sketch_index(without_decisions(sketch)), sketch, secs)
+
+
+    def _replay(self, jobs: list[Job]) -> list[Outcome]:
         start = time.perf_counter()
-        result = self.space.replay(self.mod, trace, seed=self._seed())
-        self.stats["replays"] += 1
+        out = self.replayer.replay(jobs)
+        self.stats["replays"] += len(jobs)
         self.stats["replay_secs"] += time.perf_counter() - start
-        if not result.ok:
-            self._note(result.error or "invalid")
+        return out
+
+    def _add(self, job: Job, out: Outcome, exclude: set[str] | frozenset[str]) -> bool:
+        """Pool the outcome of ``job`` if it is valid and new."""
+        if not out.ok:
+            self._note(out.error or "invalid")
             return False
-        sch = result.sch
-        trace_json = trace_to_json(sch.trace)
-        key = candidate_key(trace_json)
+        key = out.key
         if key in self._pool or key in self._returned or key in exclude:
             self._note("duplicate")
             return False
-        program = structural_hash(sch.mod)
-        if program in self._programs or any(e.program == program for e in self._pool.values()):
+        if out.program in self._programs or \
+                any(e.program == out.program for e in self._pool.values()):
             self._note("duplicate program")
             return False
-        self._pool[key] = _Entry(Candidate(sch=sch, trace_json=trace_json, key=key), program,
-                                 self._features(sch))
+        cand = Candidate(sch=out.sch, trace_json=out.trace_json, key=key, mod=self.mod)
+        self._pool[key] = _Entry(cand, out.program, out.features, job.sketch, out.decisions)
         return True
 
     def _sample_fresh(self, count: int, exclude: set[str] | frozenset[str]) -> int:
         added, attempts, streak = 0, 0, 0
-        while added < count and attempts < 4 * count + 8 and streak < self.max_fail_streak:
-            attempts += 1
-            sketch = self.sketches[int(self.rng.integers(len(self.sketches)))]
-            if self._add(sketch, exclude):
-                added += 1
-                streak = 0
-            else:
-                streak += 1
+        cap = 4 * count + 8
+        while added < count and attempts < cap and streak < self.max_fail_streak:
+            # never more jobs than candidates still wanted: in this process every job
+            # replayed past the count is wasted
+            size = min(_CHUNK, cap - attempts, count - added)
+            jobs = [Job(self._sketch_ids[int(self.rng.integers(len(self.sketches)))], [],
+                        self._seed()) for _ in range(size)]
+            for job, out in zip(jobs, self._replay(jobs)):
+                attempts += 1
+                if self._add(job, out, exclude):
+                    added += 1
+                    streak = 0
+                else:
+                    streak += 1
+                if added >= count or streak >= self.max_fail_streak:
+                    break
         self.stats["fresh"] += added
         return added
 
@@ -267,11 +293,22 @@ class EvolutionarySearch(SearchStrategy):
         for entry, score in zip(entries, scores):
             entry.score = float(score)
 
-    def _parent_traces(self) -> list[Trace]:
+    def _parent_traces(self) -> list[tuple[int, Trace]]:
+        """(sketch index, sketch with decisions) of the generation's parents."""
         measured = sorted(self._parents.values(), key=lambda p: p.secs)[:self.init_measured]
         k = max(1, self.population_size - len(measured))
         predicted = sorted(self._pool.values(), key=lambda e: -e.score)[:k]
-        return [p.sketch for p in measured] + [sketch_part(e.cand.sch.trace) for e in predicted]
+        return [(p.sketch, p.trace) for p in measured] + [
+            (e.sketch, with_decisions(self.replayer.sketches[e.sketch], e.decisions))
+            for e in predicted]
+
+    def _mutant_job(self, sketch: int, child: Trace) -> Job:
+        known = self.replayer.sketches[sketch].insts
+        if len(child.insts) != len(known) or \
+                not all(a.same_as(b) for a, b in zip(child.insts, known)):
+            # the mutator changed an instruction (a literal parallel budget): a new sketch
+            sketch = self.replayer.sketch_index(without_decisions(child))
+        return Job(sketch, decisions_of(child), self._seed())
 
     def _mutate(self, parent: Trace) -> Trace | None:
         order = self.rng.permutation(len(self.mutators)) if self.mutator_probs is None else \
@@ -291,18 +328,26 @@ class EvolutionarySearch(SearchStrategy):
             parents = self._parent_traces()
             if not parents:
                 return
-            for _ in range(mutants):
-                if streak >= self.max_fail_streak:
-                    return
-                child = self._mutate(parents[int(self.rng.integers(len(parents)))])
-                if child is None:
-                    self._note("no mutation applies")
-                    streak += 1
-                elif self._add(child, exclude):
-                    self.stats["mutants"] += 1
-                    streak = 0
-                else:
-                    streak += 1
+            done = 0
+            while done < mutants:
+                jobs: list[Job | None] = []
+                for _ in range(min(_CHUNK, mutants - done)):
+                    sketch, trace = parents[int(self.rng.integers(len(parents)))]
+                    child = self._mutate(trace)
+                    jobs.append(None if child is None else self._mutant_job(sketch, child))
+                outs = iter(self._replay([j for j in jobs if j is not None]))
+                for job in jobs:
+                    done += 1
+                    if job is None:
+                        self._note("no mutation applies")
+                        streak += 1
+                    elif self._add(job, next(outs), exclude):
+                        self.stats["mutants"] += 1
+                        streak = 0
+                    else:
+                        streak += 1
+                    if streak >= self.max_fail_streak:
+                        return
 
     # -- the strategy ---------------------------------------------------------------------
 
@@ -327,7 +372,7 @@ class EvolutionarySearch(SearchStrategy):
         for cand in out:
             self._returned.add(cand.key)
             entry = self._pool.pop(cand.key)
-            self._given[cand.key] = entry.features
+            self._given[cand.key] = entry
             self._programs.add(entry.program)
         self._trim_pool()
         logger.debug("evolutionary search %s: %d candidates, pool %d, %s", self.task, len(out),
@@ -378,10 +423,11 @@ class EvolutionarySearch(SearchStrategy):
     def _untunable(self, n: int, exclude: set[str] | frozenset[str]) -> list[Candidate]:
         """A space without sampling instructions holds one program per sketch."""
         out = []
-        for sketch in self.sketches:
+        for sketch in self._sketch_ids:
             if len(out) >= n:
                 break
-            if self._add(sketch, exclude):
+            job = Job(sketch, [], self._seed())
+            if self._add(job, self._replay([job])[0], exclude):
                 key = list(self._pool)[-1]
                 entry = self._pool.pop(key)
                 self._returned.add(key)
@@ -394,10 +440,12 @@ class EvolutionarySearch(SearchStrategy):
         rows, keys = [], []
         for cand, secs in zip(candidates, run_secs):
             self._returned.add(cand.key)
+            entry = self._given.pop(cand.key, None)
             if secs < FAILED_RUN_SECS * 0.5:
-                self._parents[cand.key] = _Parent(sketch_part(cand.sch.trace), float(secs))
-            feats = self._given.pop(cand.key, None)
-            rows.append(self._features(cand.sch) if feats is None else feats)
+                self._parents[cand.key] = self._parent_of(cand.sch, float(secs)) \
+                    if entry is None else _Parent(entry.sketch, with_decisions(
+                        self.replayer.sketches[entry.sketch], entry.decisions), float(secs))
+            rows.append(self._features(cand.sch) if entry is None else entry.features)
             keys.append(cand.key)
         if len(self._parents) > 4 * self.init_measured:
             best = sorted(self._parents.items(), key=lambda kv: kv[1].secs)[:self.init_measured]
