@@ -21,8 +21,10 @@ first candidates are all the measurements most tasks of a real model get, and a 
 that ranks before the first trial is worth most when it screens many candidates: on the
 held-out kernels of ``benchmarks/evaluate_prior.py``, the best of the prior's 16 trials
 against the best of 64 without it, timed side by side (seeds 4 and 5, AMD EPYC Zen 4),
-went from 0.73-1.07x with the usual first pool to 0.91-1.05x with this one. It costs
-about 7-8 s of replays per convolution task on 2 cores.
+went from 0.73-1.07x with the usual first pool to 0.91-1.05x with this one (twice as
+large again, 512 fresh and 4 x 128 mutants, was no better: 0.92-1.09x against this one). It
+costs about 700 replays, 4.5-5 s per convolution task on 2 cores with the builder's
+workers sharing them (8 s in one process).
 
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds (they overlap the builds); the call then only re-scores the pool with the model that
@@ -230,10 +232,12 @@ class EvolutionarySearch(SearchStrategy):
         return int(self.rng.integers(1, _SEED_HIGH))
 
     def _parent_of(self, sch: Schedule, secs: float) -> _Parent:
-        """A parent from a schedule replayed here (a record, a candidate from elsewhere)."""
+        """A parent from a schedule replayed here (a record, a candidate from elsewhere),
+        on the replayer's copy of its sketch (its mutants then need no new sketch)."""
         sketch = sketch_part(sch.trace)
-        return _Parent(self.replayer.sketch_index(without_decisions(sketch)), sketch, secs)
-
+        index = self.replayer.sketch_index(without_decisions(sketch))
+        return _Parent(index, with_decisions(self.replayer.sketches[index],
+                                             decisions_of(sketch)), secs)
 
     def _replay(self, jobs: list[Job]) -> list[Outcome]:
         start = time.perf_counter()

@@ -10,10 +10,11 @@ the workers take groups from the front of the queue, this process from the back,
 waits on a worker that is busy building (it replays everything itself then).
 
 Only plain data crosses the process boundary (``measure/_worker.py``): the workload's
-TVMScript text, the target's JSON, the sketches as trace JSON, per job the sketch's index,
-its decisions as ``[[instruction index, value], ...]`` and the seed; back come the
-candidate's trace JSON, key, program hash, features and decisions. Both sides run
-``replay_job``, so a candidate is the same whichever process replayed it.
+TVMScript text, the target's JSON, the jobs' sketches as trace JSON (a worker rebuilds each
+once), per job the sketch's digest, its decisions as ``[[instruction index, value], ...]``
+and the seed; back come the candidate's trace JSON, key, program hash, features and
+decisions. Both sides run ``replay_job``, so a candidate is the same whichever process
+replayed it (the search's candidates too: ``test_evolutionary``).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def _digest(text: str) -> str:
 # --------------------------------------------------------------------------- worker side
 
 _MAX_SKETCHES = 256
+REBUILD_FAILED = "sketch does not rebuild in the worker"
 _sketches: "OrderedDict[str, Trace]" = OrderedDict()
 _spaces: dict[str, Any] = {}
 
@@ -157,9 +159,6 @@ def replay_in_worker(digest: str, script: str, target_json: str, sketches: dict,
             out.append([None, res.trace_json, res.key, str(res.program),
                         res.features.tolist(), res.decisions])
     return out
-
-
-REBUILD_FAILED = "sketch does not rebuild in the worker"
 
 
 # --------------------------------------------------------------------------- parent side
