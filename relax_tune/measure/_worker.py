@@ -11,6 +11,7 @@ The module-level caches below live in the worker processes only (one copy per wo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -49,6 +50,12 @@ _inputs: "OrderedDict[str, list]" = OrderedDict()
 
 
 # --------------------------------------------------------------------------- builder side
+
+
+def script_digest(text: str) -> str:
+    """The key the parent sends with a text the workers cache what they make of (a
+    workload's script, a sketch's JSON): equal texts, one parse per worker."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _workload(digest: str, script: str) -> tvm.IRModule:

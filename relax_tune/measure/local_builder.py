@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -21,10 +20,6 @@ from ..utils import RelaxTuneError, normalize_mod, parse_target, to_plain, trace
 from . import _worker, cross, prepack
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, Builder, BuildResult, BuildsDone, logger,
                    short_error, shutdown_pool, worker_import_error, worker_output)
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _available_cores() -> int:
@@ -167,7 +162,7 @@ class LocalBuilder(Builder):
         if not isinstance(workload, tvm.IRModule):
             workload = normalize_mod(workload)
         script = workload.script()
-        digest = _digest(script)
+        digest = _worker.script_digest(script)
         target_json = str(target)
         mode = self.link_mode(target)
         pool = self.pool

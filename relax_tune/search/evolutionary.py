@@ -270,7 +270,7 @@ class EvolutionarySearch(SearchStrategy):
             # never more jobs than candidates still wanted: in this process every job
             # replayed past the count is wasted
             size = min(_CHUNK, cap - attempts, count - added)
-            jobs = [Job(self._sketch_ids[int(self.rng.integers(len(self.sketches)))], [],
+            jobs = [Job(self._sketch_ids[int(self.rng.integers(len(self._sketch_ids)))], [],
                         self._seed()) for _ in range(size)]
             for job, out in zip(jobs, self._replay(jobs)):
                 attempts += 1

@@ -19,7 +19,6 @@ replayed it (the search's candidates too: ``test_evolutionary``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections import OrderedDict
@@ -32,6 +31,7 @@ import tvm
 from tvm.s_tir import Schedule, Trace
 
 from ..cost_model.features import extract_features
+from ..measure._worker import _target, _workload, script_digest
 from ..space import space_for_target, without_decisions
 from ..utils import structural_hash, to_plain, trace_to_json
 from .base import candidate_key
@@ -101,10 +101,6 @@ def replay_job(space: Any, mod: tvm.IRModule, sketch: Trace, decisions: list, se
                    decisions=decisions_of(sch.trace), sch=sch if keep_schedule else None)
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 # --------------------------------------------------------------------------- worker side
 
 _MAX_SKETCHES = 256
@@ -133,8 +129,6 @@ def replay_in_worker(digest: str, script: str, target_json: str, sketches: dict,
     seed]``; ``sketches``: digest -> trace JSON text) of one workload. One row per job:
     ``[error]``, ``[None, trace_json, key, program, features, decisions]``, or
     ``[REBUILD_FAILED]`` when the sketch does not rebuild here (the parent replays it)."""
-    from ..measure._worker import _target, _workload
-
     mod = _workload(digest, script)
     target = _target(target_json)
     space = _spaces.get(target_json)
@@ -206,7 +200,7 @@ class Replayer:
             index = self._index[text] = len(self.sketches)
             self.sketches.append(sketch)
             self._texts.append(text)
-            self._digests.append(_digest(text)[:16])
+            self._digests.append(script_digest(text)[:16])
         return index
 
     def replay(self, jobs: list[Job]) -> list[Outcome]:
@@ -238,7 +232,7 @@ class Replayer:
     def _submit(self, jobs: list[Job]) -> Future:
         if self._wire is None:
             script = self.mod.script()  # as the builder sends it: one parse per worker
-            self._wire = (_digest(script), script, str(self.target))
+            self._wire = (script_digest(script), script, str(self.target))
         digest, script, target_json = self._wire
         sketches = {self._digests[j.sketch]: self._texts[j.sketch] for j in jobs}
         return self.pool.submit(replay_in_worker, digest, script, target_json, sketches,
