@@ -4,8 +4,8 @@
         # package's relax_tune/cost_model/pretrained/xgb_prior.{ubj,_meta.json}
     python benchmarks/train_prior.py --corpus /work/corpus --out /tmp/prior --seed 2
     python benchmarks/train_prior.py --corpus /work/corpus /work/corpus_models  # several
-    python benchmarks/train_prior.py --corpus /work/corpus2 /work/corpus_models /work/corpus_rand \
-        --exclude '(resnet18|bert)\.'   # the shipped model
+    python benchmarks/train_prior.py --corpus /work/corpus2 /work/corpus_models /work/corpus_rand
+        # the shipped model; --exclude '(resnet18|bert)\.' keeps bench_real_models's networks unseen
 
 An XGBoost ``rank:pairwise`` model, one group per (workload, target), labels the normalised
 throughput within the group, on ``transfer_features``; each round grows 4 trees on
