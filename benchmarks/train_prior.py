@@ -1,4 +1,4 @@
-"""Train the pre-trained cost model from a corpus (``make_corpus.py``) and ship it.
+r"""Train the pre-trained cost model from a corpus (``make_corpus.py``) and ship it.
 
     python benchmarks/train_prior.py --corpus /work/corpus            # writes the
         # package's relax_tune/cost_model/pretrained/xgb_prior.{ubj,_meta.json}
@@ -11,8 +11,8 @@ An XGBoost ``rank:pairwise`` model, one group per (workload, target), labels the
 throughput within the group, on ``transfer_features``; each round grows 4 trees on
 subsamples and averages them (``num_parallel_tree``): one such model ranks held-out
 workloads about as well whatever its seed, where single trees per round moved held-out
-Kendall tau between 0.20 and 0.30 from one seed to the next (AMD EPYC Zen 4 corpora). Workloads marked held-out in the
-corpus are never trained on; the script prints their ranking (Kendall tau, whether the true
+Kendall tau between 0.20 and 0.30 from one seed to the next (AMD EPYC Zen 4 corpora).
+Workloads marked held-out in the corpus are never trained on; the script prints their ranking (Kendall tau, whether the true
 best is in the predicted top 10) and stores it in the metadata. Reproducible: a fixed seed,
 one thread and a sorted corpus give the same trees (``train`` is what the tests call).
 """
@@ -90,6 +90,13 @@ def cross_validate(tasks: list[TaskData], seed: int, rounds: int, every: int = 2
 TEST_WORKLOADS = ("matmul_256", "conv2d_nchw_c96_h20")
 
 
+def _regex(text: str) -> re.Pattern:
+    try:
+        return re.compile(text)
+    except re.error as err:
+        raise argparse.ArgumentTypeError(f"not a regular expression ({err}): {text!r}")
+
+
 def write_test_data(tasks: list[TaskData], path: str) -> None:
     """The tests' fixed held-out data: raw features, seconds, phase and machine facts of
     ``tasks`` (compressed npz, a few hundred KB at most)."""
@@ -119,7 +126,7 @@ def main() -> None:
     parser.add_argument("--test-data", default=None, metavar="NPZ",
                         help="also write the held-out workloads TEST_WORKLOADS as the tests' "
                              "fixed data file (tests/data/prior_heldout.npz)")
-    parser.add_argument("--exclude", default=None, metavar="REGEX",
+    parser.add_argument("--exclude", default=None, metavar="REGEX", type=_regex,
                         help="workloads to leave out of training altogether (e.g. "
                              "'(resnet18|bert)\\.' keeps the networks bench_real_models.py "
                              "times unseen)")
@@ -129,7 +136,10 @@ def main() -> None:
     args = parser.parse_args()
     tasks = load_corpus(args.corpus, FEATURE_VERSION)
     train_tasks = [t for t in tasks if t.split == "train"
-                   and not (args.exclude and re.match(args.exclude, t.workload))]
+                   and not (args.exclude and args.exclude.match(t.workload))]
+    if args.exclude:
+        left = sum(t.split == "train" for t in tasks) - len(train_tasks)
+        print(f"--exclude {args.exclude.pattern}: {left} training tasks left out")
     heldout = [t for t in tasks if t.split == "heldout"]
     print(f"corpus {' '.join(args.corpus)}: {len(train_tasks)} train tasks "
           f"({sum(len(t.secs) for t in train_tasks)} candidates), {len(heldout)} held out")
@@ -149,7 +159,7 @@ def main() -> None:
     booster.save_model(os.path.join(args.out, PRIOR_MODEL_FILE))
     meta = {"feature_version": FEATURE_VERSION, "transfer_version": TRANSFER_VERSION,
             "n_columns": N_TRANSFER, "params": {**PARAMS, "seed": args.seed},
-            "rounds": args.rounds, "excluded": args.exclude,
+            "rounds": args.rounds, "excluded": args.exclude and args.exclude.pattern,
             "train_tasks": sorted({t.workload for t in train_tasks}),
             "heldout_tasks": sorted({t.workload for t in heldout}),
             "targets": sorted({t.target for t in train_tasks}),

@@ -128,21 +128,47 @@ def test_adapts_to_the_session_and_keeps_it_in_the_work_dir(tmp_path, adapt):
     assert XGBModel().load(cost_model_dir(wd))  # the fresh model reads the same files
 
 
-def test_training_is_reproducible_from_a_seed():
+def _as_training_tasks(target="llvm"):
     from corpus import TaskData
-    from train_prior import train
 
     tasks = []
     for t in _heldout():
         n = len(t["secs"])
-        tasks.append(TaskData(t["name"], "op", "train", "llvm", t["facts"], t["x"], t["secs"],
+        tasks.append(TaskData(t["name"], "op", "train", target, t["facts"], t["x"], t["secs"],
                               np.arange(n), ["random" if r else "evolutionary"
                                              for r in t["phase_random"]]))
+    return tasks
+
+
+def test_training_is_reproducible_from_a_seed():
+    from train_prior import train
+
+    tasks = _as_training_tasks()
     a = train(tasks, seed=3, rounds=20).save_raw("json")
     b = train(tasks, seed=3, rounds=20).save_raw("json")
     c = train(tasks, seed=4, rounds=20).save_raw("json")
     assert a == b
     assert a != c
+
+
+def test_cross_validation_leaves_a_workload_out_of_every_corpus():
+    """``train_prior.py --cross-validate``: a left-out workload measured in two corpora (two
+    tasks) is ranked by a model trained on the other workloads only."""
+    from train_prior import cross_validate, evaluate, train
+
+    first, second = _as_training_tasks("llvm"), _as_training_tasks("llvm -corpus=2")
+    mm, conv = first[0].workload, first[1].workload
+    second = [t for t in second if t.workload == mm]  # mm measured twice, conv once
+    cv = cross_validate(first + second, seed=1, rounds=10, every=1, min_candidates=64)
+    assert sorted(cv) == sorted(t.name for t in first + second)
+    only_conv = train([first[1]], seed=1, rounds=10)
+    for task in [first[0]] + second:
+        assert cv[task.name] == evaluate(only_conv, [task])[task.name]
+    with_mm = train([first[1], second[0]], seed=1, rounds=10)
+    assert evaluate(with_mm, [first[0]]) != evaluate(only_conv, [first[0]])
+    assert cv[first[1].name] == evaluate(train(first[:1] + second, seed=1, rounds=10),
+                                         [first[1]])[first[1].name]
+    assert conv != mm
 
 
 def test_corpus_loads_from_several_directories(tmp_path):
