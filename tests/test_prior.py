@@ -129,6 +129,8 @@ def test_adapts_to_the_session_and_keeps_it_in_the_work_dir(tmp_path, adapt):
 
 
 def _as_training_tasks(target="llvm"):
+    """The fixed held-out data as training tasks (``corpus.TaskData``) measured on
+    ``target``."""
     from corpus import TaskData
 
     tasks = []
@@ -158,6 +160,7 @@ def test_cross_validation_leaves_a_workload_out_of_every_corpus():
 
     first, second = _as_training_tasks("llvm"), _as_training_tasks("llvm -corpus=2")
     mm, conv = first[0].workload, first[1].workload
+    assert mm != conv
     second = [t for t in second if t.workload == mm]  # mm measured twice, conv once
     cv = cross_validate(first + second, seed=1, rounds=10, every=1, min_candidates=64)
     assert sorted(cv) == sorted(t.name for t in first + second)
@@ -168,7 +171,6 @@ def test_cross_validation_leaves_a_workload_out_of_every_corpus():
     assert evaluate(with_mm, [first[0]]) != evaluate(only_conv, [first[0]])
     assert cv[first[1].name] == evaluate(train(first[:1] + second, seed=1, rounds=10),
                                          [first[1]])[first[1].name]
-    assert conv != mm
 
 
 def test_corpus_loads_from_several_directories(tmp_path):
