@@ -12,9 +12,10 @@ throughput within the group, on ``transfer_features``; each round grows 4 trees 
 subsamples and averages them (``num_parallel_tree``): one such model ranks held-out
 workloads about as well whatever its seed, where single trees per round moved held-out
 Kendall tau between 0.20 and 0.30 from one seed to the next (AMD EPYC Zen 4 corpora).
-Workloads marked held-out in the corpus are never trained on; the script prints their ranking (Kendall tau, whether the true
-best is in the predicted top 10) and stores it in the metadata. Reproducible: a fixed seed,
-one thread and a sorted corpus give the same trees (``train`` is what the tests call).
+Workloads marked held-out in the corpus are never trained on; the script prints their
+ranking (Kendall tau, whether the true best is in the predicted top 10) and stores it in
+the metadata. Reproducible: a fixed seed, one thread and a sorted corpus give the same trees
+(``train`` is what the tests call).
 """
 
 from __future__ import annotations
