@@ -31,10 +31,19 @@ One record (a JSON object per line)::
 
 Times are comparable within one workload and target (one session, one machine); only ranks
 within a task are used for training.
+
+A corpus table (``write_table`` / ``read_table``, one compressed ``.npz``) keeps what training
+needs of a corpus - per task its workload, operator, split, target and machine facts; per
+candidate its raw features, seconds, commit order and phase - without the traces, at about a
+tenth of the records' size. ``load_corpus`` reads tables wherever it reads directories, so a
+corpus measured on a machine that is gone (each session may get another CPU) still trains
+the next model: ``python benchmarks/corpus.py DIR... --table OUT.npz`` writes one. The tests'
+held-out data (``tests/data/prior_heldout.npz``) is such a table of two workloads.
 """
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -84,11 +93,24 @@ def read_records(path: str) -> list[dict]:
 def load_corpus(corpus_dirs: str | Sequence[str], feature_version: int | None = None
                 ) -> list[TaskData]:
     """One ``TaskData`` per records file of each of ``corpus_dirs`` (one directory or several,
-    in the order given; files sorted by name), keeping only records of ``feature_version``
-    when given. The same workload in two directories is two tasks (two measuring sessions:
-    their times are ranked each within its own)."""
+    in the order given; files sorted by name; a ``.npz`` entry is a corpus table), keeping only
+    records of ``feature_version`` when given. The same workload in two directories is two
+    tasks (two measuring sessions: their times are ranked each within its own)."""
     dirs = [corpus_dirs] if isinstance(corpus_dirs, str) else list(corpus_dirs)
-    paths = [p for d in dirs for p in sorted(glob.glob(os.path.join(d, "records", "*.jsonl")))]
+    tasks = []
+    for d in dirs:
+        if d.endswith(".npz"):
+            tasks += read_table(d, feature_version)
+        elif not os.path.isdir(d):
+            raise FileNotFoundError(f"no corpus directory or table {d!r} (make_corpus.py --out "
+                                    "writes a directory, corpus.py --table a table)")
+        else:
+            tasks += _load_records(sorted(glob.glob(os.path.join(d, "records", "*.jsonl"))),
+                                   feature_version)
+    return tasks
+
+
+def _load_records(paths: list[str], feature_version: int | None) -> list[TaskData]:
     tasks = []
     for path in paths:
         recs = [r for r in read_records(path)
@@ -104,6 +126,53 @@ def load_corpus(corpus_dirs: str | Sequence[str], feature_version: int | None = 
             secs=np.asarray([r["secs"] for r in recs], dtype=np.float64),
             order=np.asarray([r["order"] for r in recs]),
             phase=[r["phase"] for r in recs]))
+    return tasks
+
+
+TABLE_VERSION = 1
+
+
+def write_table(tasks: Sequence[TaskData], path: str, feature_version: int) -> None:
+    """Write ``tasks`` as a corpus table (compressed npz; features as float32)."""
+    from relax_tune.cost_model.transfer import FACT_NAMES
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    np.savez_compressed(
+        path, table_version=TABLE_VERSION, feature_version=feature_version,
+        names=np.asarray([t.workload for t in tasks]), ops=np.asarray([t.op for t in tasks]),
+        splits=np.asarray([t.split for t in tasks]),
+        targets=np.asarray([t.target for t in tasks]),
+        fact_names=np.asarray(FACT_NAMES),
+        facts=np.asarray([[t.facts[n] for n in FACT_NAMES] for t in tasks]),
+        x=np.concatenate([t.features for t in tasks]).astype(np.float32),
+        secs=np.concatenate([t.secs for t in tasks]),
+        order=np.concatenate([t.order for t in tasks]),
+        task=np.concatenate([np.full(len(t.secs), i) for i, t in enumerate(tasks)]),
+        random=np.concatenate([[p == "random" for p in t.phase] for t in tasks]))
+
+
+def read_table(path: str, feature_version: int | None = None) -> list[TaskData]:
+    """The tasks of a corpus table (none when its features are not of ``feature_version``).
+    Tables written before operators, splits and targets were stored (the tests' first
+    held-out file) read as held-out tasks of an unknown target."""
+    data = np.load(path, allow_pickle=False)
+    if feature_version is not None and int(data.get("feature_version", 1)) != feature_version:
+        return []
+    names = [str(n) for n in data["names"]]
+    n = len(names)
+    ops = [str(o) for o in data["ops"]] if "ops" in data else ["?"] * n
+    splits = [str(s) for s in data["splits"]] if "splits" in data else ["heldout"] * n
+    targets = [str(t) for t in data["targets"]] if "targets" in data else ["?"] * n
+    fact_names = [str(f) for f in data["fact_names"]]
+    tasks = []
+    for i in range(n):
+        sel = data["task"] == i
+        order = data["order"][sel] if "order" in data else np.arange(int(sel.sum()))
+        tasks.append(TaskData(
+            workload=names[i], op=ops[i], split=splits[i], target=targets[i],
+            facts=dict(zip(fact_names, data["facts"][i].tolist())),
+            features=data["x"][sel], secs=data["secs"][sel], order=order,
+            phase=["random" if r else "evolutionary" for r in data["random"][sel]]))
     return tasks
 
 
@@ -144,3 +213,23 @@ def ranking_metrics(pred: np.ndarray, secs: np.ndarray, k: int = 10) -> dict[str
     return {"tau": kendall_tau(pred, -secs),
             "best_in_top": float(int(top_true[0]) in set(top_pred.tolist())),
             "top_overlap": len(set(top_pred.tolist()) & set(top_true.tolist())) / min(k, len(secs))}
+
+
+def main() -> None:
+    """``python benchmarks/corpus.py DIR... --table OUT.npz``: one table of the corpora."""
+    parser = argparse.ArgumentParser(description="Write corpus directories as one table.")
+    parser.add_argument("corpus", nargs="+", help="corpus directories or tables")
+    parser.add_argument("--table", required=True, metavar="NPZ", help="the table to write")
+    args = parser.parse_args()
+    from relax_tune.cost_model.features import FEATURE_VERSION
+
+    tasks = load_corpus(args.corpus, FEATURE_VERSION)
+    if not tasks:
+        parser.error(f"no records of feature version {FEATURE_VERSION} in {args.corpus}")
+    write_table(tasks, args.table, FEATURE_VERSION)
+    print(f"wrote {args.table}: {len(tasks)} tasks, {sum(len(t.secs) for t in tasks)} "
+          f"candidates ({os.path.getsize(args.table) / 1024:.0f} KiB)")
+
+
+if __name__ == "__main__":
+    main()

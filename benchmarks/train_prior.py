@@ -29,7 +29,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from corpus import TaskData, labels, load_corpus, ranking_metrics, transfer_matrix  # noqa: E402
+from corpus import (TaskData, labels, load_corpus, ranking_metrics, transfer_matrix,  # noqa: E402
+                    write_table)
 
 from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
 from relax_tune.cost_model.prior import PRIOR_META_FILE, PRIOR_MODEL_FILE  # noqa: E402
@@ -55,8 +56,10 @@ def training_arrays(tasks: list[TaskData]) -> tuple[np.ndarray, np.ndarray, list
     return np.concatenate(xs), np.concatenate(ys), groups
 
 
-def train(tasks: list[TaskData], seed: int = 1, rounds: int = ROUNDS, params: dict | None = None):
-    """The trained booster (one thread, ``seed``: reproducible)."""
+def train(tasks: list[TaskData], seed: int = 1, rounds: int = ROUNDS, params: dict | None = None,
+          init=None):
+    """The trained booster (one thread, ``seed``: reproducible); with ``init`` (a booster
+    or a model file) its trees come first and ``rounds`` more are fitted to ``tasks``."""
     import xgboost as xgb
 
     x, y, groups = training_arrays(tasks)
@@ -64,7 +67,9 @@ def train(tasks: list[TaskData], seed: int = 1, rounds: int = ROUNDS, params: di
     dtrain.set_group(groups)
     p = dict(PARAMS if params is None else params)
     p.update({"seed": seed, "nthread": 1})
-    return xgb.train(p, dtrain, num_boost_round=rounds)
+    if isinstance(init, xgb.Booster):  # a live booster carries its random state: not reproducible
+        init = init.save_raw("ubj")
+    return xgb.train(p, dtrain, num_boost_round=rounds, xgb_model=init)
 
 
 def evaluate(booster, tasks: list[TaskData]) -> dict[str, dict[str, float]]:
@@ -76,14 +81,15 @@ def evaluate(booster, tasks: list[TaskData]) -> dict[str, dict[str, float]]:
 
 
 def cross_validate(tasks: list[TaskData], seed: int, rounds: int, every: int = 2,
-                   min_candidates: int = 64) -> dict[str, dict[str, float]]:
+                   min_candidates: int = 64, init=None) -> dict[str, dict[str, float]]:
     """Leave-one-workload-out ranking: for every ``every``-th training task with at least
-    ``min_candidates`` candidates, train without its workload (in every corpus) and rank
-    it."""
+    ``min_candidates`` candidates, train without its workload (in every corpus; continuing
+    ``init`` when given) and rank it."""
     folds = [t for t in tasks if len(t.secs) >= min_candidates][::every]
     out = {}
     for fold in folds:
-        booster = train([t for t in tasks if t.workload != fold.workload], seed, rounds)
+        booster = train([t for t in tasks if t.workload != fold.workload], seed, rounds,
+                        init=init)
         out.update(evaluate(booster, [fold]))
     return out
 
@@ -98,21 +104,20 @@ def _regex(text: str) -> re.Pattern:
         raise argparse.ArgumentTypeError(f"not a regular expression ({err}): {text!r}")
 
 
-def write_test_data(tasks: list[TaskData], path: str) -> None:
-    """The tests' fixed held-out data: raw features, seconds, phase and machine facts of
-    ``tasks`` (compressed npz, a few hundred KB at most)."""
-    from relax_tune.cost_model.transfer import FACT_NAMES
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    np.savez_compressed(
-        path, names=np.asarray([t.workload for t in tasks]),
-        x=np.concatenate([t.features for t in tasks]).astype(np.float32),
-        secs=np.concatenate([t.secs for t in tasks]),
-        task=np.concatenate([np.full(len(t.secs), i) for i, t in enumerate(tasks)]),
-        random=np.concatenate([[p == "random" for p in t.phase] for t in tasks]),
-        fact_names=np.asarray(FACT_NAMES),
-        facts=np.asarray([[t.facts[n] for n in FACT_NAMES] for t in tasks]))
-    print(f"wrote {path} ({os.path.getsize(path) / 1024:.0f} KiB)")
+def _base_meta(model_dir: str) -> dict:
+    """What the model being continued was trained on (its metadata, condensed)."""
+    path = os.path.join(model_dir, PRIOR_MODEL_FILE)
+    if not os.path.isfile(path):
+        raise SystemExit(f"--init-model {model_dir}: no {PRIOR_MODEL_FILE} there")
+    with open(os.path.join(model_dir, PRIOR_META_FILE), encoding="utf-8") as f:
+        meta = json.load(f)
+    if meta.get("feature_version") != FEATURE_VERSION or meta.get("n_columns") != N_TRANSFER:
+        raise SystemExit(f"--init-model {model_dir}: trained on other features (version "
+                         f"{meta.get('feature_version')}, {meta.get('n_columns')} columns; "
+                         f"now {FEATURE_VERSION}, {N_TRANSFER})")
+    keep = ("targets", "train_candidates", "rounds", "corpus", "continued_from")
+    return {**{k: meta.get(k) for k in keep},
+            "train_tasks": meta.get("train_tasks"), "heldout_tasks": meta.get("heldout_tasks")}
 
 
 def main() -> None:
@@ -131,10 +136,16 @@ def main() -> None:
                         help="workloads to leave out of training altogether (e.g. "
                              "'(resnet18|bert)\\.' keeps the networks bench_real_models.py "
                              "times unseen)")
+    parser.add_argument("--init-model", default=None, metavar="DIR",
+                        help="continue a trained model (a directory holding "
+                             f"{PRIOR_MODEL_FILE}, e.g. the package's pretrained/) with "
+                             "--rounds more rounds on this corpus: extends a model whose "
+                             "corpus is gone with another machine's records")
     parser.add_argument("--cross-validate", action="store_true",
                         help="also rank every other training task (of 64 candidates or more) "
                              "with a model trained without its workload; print the mean")
     args = parser.parse_args()
+    base_meta = _base_meta(args.init_model) if args.init_model else None
     tasks = load_corpus(args.corpus, FEATURE_VERSION)
     train_tasks = [t for t in tasks if t.split == "train"
                    and not (args.exclude and args.exclude.match(t.workload))]
@@ -144,7 +155,8 @@ def main() -> None:
     heldout = [t for t in tasks if t.split == "heldout"]
     print(f"corpus {' '.join(args.corpus)}: {len(train_tasks)} train tasks "
           f"({sum(len(t.secs) for t in train_tasks)} candidates), {len(heldout)} held out")
-    booster = train(train_tasks, args.seed, args.rounds)
+    init = os.path.join(args.init_model, PRIOR_MODEL_FILE) if args.init_model else None
+    booster = train(train_tasks, args.seed, args.rounds, init=init)
     results = evaluate(booster, heldout)
     for name, m in results.items():
         print(f"  held out {name.split('@')[0]:32s} tau {m['tau']:+.3f}  best in top-10 "
@@ -152,24 +164,33 @@ def main() -> None:
     if results:
         print(f"  mean tau {np.mean([m['tau'] for m in results.values()]):+.3f}")
     if args.cross_validate:
-        cv = cross_validate(train_tasks, args.seed, args.rounds)
+        cv = cross_validate(train_tasks, args.seed, args.rounds, init=init)
         print(f"  left out one at a time: {len(cv)} tasks, mean tau "
               f"{np.mean([m['tau'] for m in cv.values()]):+.3f}, true best in top-10 "
               f"{np.mean([m['best_in_top'] for m in cv.values()]):.2f}")
     os.makedirs(args.out, exist_ok=True)
     booster.save_model(os.path.join(args.out, PRIOR_MODEL_FILE))
+    base = base_meta or {}
     meta = {"feature_version": FEATURE_VERSION, "transfer_version": TRANSFER_VERSION,
             "n_columns": N_TRANSFER, "params": {**PARAMS, "seed": args.seed},
             "rounds": args.rounds, "excluded": args.exclude and args.exclude.pattern,
-            "train_tasks": sorted({t.workload for t in train_tasks}),
-            "heldout_tasks": sorted({t.workload for t in heldout}),
-            "targets": sorted({t.target for t in train_tasks}),
-            "train_candidates": int(sum(len(t.secs) for t in train_tasks)),
+            # with --init-model: everything the model has been trained on, both parts
+            "train_tasks": sorted({t.workload for t in train_tasks}
+                                  | set(base.get("train_tasks") or ())),
+            "heldout_tasks": sorted({t.workload for t in heldout}
+                                    | set(base.get("heldout_tasks") or ())),
+            "targets": sorted({t.target for t in train_tasks} | set(base.get("targets") or ())),
+            "train_candidates": int(sum(len(t.secs) for t in train_tasks)
+                                    + (base.get("train_candidates") or 0)),
+            "corpus": [os.path.basename(c.rstrip("/")) for c in args.corpus],
+            "continued_from": base_meta,
             "heldout_metrics": {k.split("@")[0]: v for k, v in results.items()}}
     with open(os.path.join(args.out, PRIOR_META_FILE), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=1, sort_keys=True)
     if args.test_data:
-        write_test_data([t for t in heldout if t.workload in TEST_WORKLOADS], args.test_data)
+        write_table([t for t in heldout if t.workload in TEST_WORKLOADS], args.test_data,
+                    FEATURE_VERSION)
+        print(f"wrote {args.test_data} ({os.path.getsize(args.test_data) / 1024:.0f} KiB)")
     size = os.path.getsize(os.path.join(args.out, PRIOR_MODEL_FILE))
     print(f"wrote {args.out}/{PRIOR_MODEL_FILE} ({size / 1024:.0f} KiB)")
 

@@ -131,14 +131,11 @@ def test_adapts_to_the_session_and_keeps_it_in_the_work_dir(tmp_path, adapt):
 def _as_training_tasks(target="llvm"):
     """The fixed held-out data as training tasks (``corpus.TaskData``) measured on
     ``target``."""
-    from corpus import TaskData
+    from corpus import read_table
 
-    tasks = []
-    for t in _heldout():
-        n = len(t["secs"])
-        tasks.append(TaskData(t["name"], "op", "train", target, t["facts"], t["x"], t["secs"],
-                              np.arange(n), ["random" if r else "evolutionary"
-                                             for r in t["phase_random"]]))
+    tasks = read_table(HELDOUT, feature_version=1)
+    for t in tasks:
+        t.split, t.target = "train", target
     return tasks
 
 
@@ -200,6 +197,78 @@ def test_corpus_loads_from_several_directories(tmp_path):
     assert [(t.workload, len(t.secs)) for t in tasks] == [("mm", 2), ("mm", 3)]
     assert tasks[1].secs.tolist() == [2e-3, 4e-3, 1e-3]
     assert [t.workload for t in load_corpus(str(a))] == ["mm", "old"]
+
+
+def test_corpus_table_keeps_what_training_needs(tmp_path):
+    """``corpus.py DIR --table T.npz``: a table loads as the same tasks as the corpus it was
+    written from, and trains wherever a corpus directory does."""
+    from corpus import load_corpus, write_table
+    from train_prior import evaluate, train
+
+    tasks = _as_training_tasks("llvm -mcpu=znver4")
+    tasks[1].split, tasks[1].op = "heldout", "matmul"
+    table = str(tmp_path / "t.npz")
+    write_table(tasks, table, feature_version=1)
+    assert load_corpus([table], feature_version=2) == []
+    back = load_corpus([table], feature_version=1)
+    for a, b in zip(tasks, back, strict=True):
+        assert (a.workload, a.op, a.split, a.target, a.facts, a.phase) == \
+            (b.workload, b.op, b.split, b.target, b.facts, b.phase)
+        np.testing.assert_array_equal(a.features, b.features)
+        np.testing.assert_array_equal(a.secs, b.secs)
+        np.testing.assert_array_equal(a.order, b.order)
+    assert evaluate(train(back[:1], rounds=5), back[1:]) == \
+        evaluate(train(tasks[:1], rounds=5), tasks[1:])
+    with pytest.raises(FileNotFoundError, match="no-such-corpus"):
+        load_corpus([str(tmp_path / "no-such-corpus")])
+
+
+def test_training_continues_a_model_with_another_corpus():
+    """``train_prior.py --init-model``: the model's trees are kept, the new rounds follow
+    them, and the model passed in is left as it was."""
+    from train_prior import train
+
+    first, second = _as_training_tasks("llvm -mcpu=znver4"), _as_training_tasks("llvm")
+    base = train(first[:1], seed=1, rounds=6)
+    dump = base.get_dump()
+    both = train(second[1:], seed=1, rounds=4, init=base)
+    assert base.get_dump() == dump
+    assert both.get_dump()[:len(dump)] == dump and len(both.get_dump()) == len(dump) * 10 // 6
+    assert both.save_raw("json") == train(second[1:], seed=1, rounds=4, init=base).save_raw("json")
+
+
+def test_train_prior_continues_the_shipped_model(tmp_path):
+    """The command line: ``--init-model`` continues a model from its directory, records
+    what it was trained on before, and refuses one trained on other features."""
+    import json
+
+    from corpus import write_table
+
+    tasks = _as_training_tasks("llvm -mcpu=test")
+    tasks[1].split = "heldout"
+    table, out = str(tmp_path / "t.npz"), tmp_path / "model"
+    write_table(tasks, table, feature_version=1)
+    shipped = os.path.dirname(prior_files()[0])
+    script = os.path.join(ROOT, "benchmarks", "train_prior.py")
+    run = subprocess.run([sys.executable, script, "--corpus", table, "--out", str(out),
+                          "--rounds", "3", "--init-model", shipped],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    meta = json.loads((out / PRIOR_META_FILE).read_text())
+    with open(prior_files()[1]) as f:
+        shipped_meta = json.load(f)
+    assert meta["continued_from"]["targets"] == shipped_meta["targets"]
+    assert set(meta["targets"]) == set(shipped_meta["targets"]) | {"llvm -mcpu=test"}
+    assert set(meta["train_tasks"]) == set(shipped_meta["train_tasks"]) | {tasks[0].workload}
+    assert meta["train_candidates"] == shipped_meta["train_candidates"] + len(tasks[0].secs)
+    model = PriorXGBModel(model_path=str(out / PRIOR_MODEL_FILE),
+                          meta_path=str(out / PRIOR_META_FILE))
+    assert model.prior.num_boosted_rounds() == shipped_meta["rounds"] + 3
+    (out / PRIOR_META_FILE).write_text(json.dumps({**meta, "feature_version": 0}))
+    run = subprocess.run([sys.executable, script, "--corpus", table, "--out",
+                          str(tmp_path / "again"), "--init-model", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "trained on other features" in run.stderr
 
 
 @pytest.mark.timeout(300)
