@@ -35,7 +35,7 @@ within a task are used for training.
 A corpus table (``write_table`` / ``read_table``, one compressed ``.npz``) keeps what training
 needs of a corpus - per task its workload, operator, split, target and machine facts; per
 candidate its raw features, seconds, commit order and phase - without the traces, at about a
-tenth of the records' size. ``load_corpus`` reads tables wherever it reads directories, so a
+fiftieth of the records' size. ``load_corpus`` reads tables wherever it reads directories, so a
 corpus measured on a machine that is gone (each session may get another CPU) still trains
 the next model: ``python benchmarks/corpus.py DIR... --table OUT.npz`` writes one. The tests'
 held-out data (``tests/data/prior_heldout.npz``) is such a table of two workloads.

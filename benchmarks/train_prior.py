@@ -6,6 +6,8 @@ r"""Train the pre-trained cost model from a corpus (``make_corpus.py``) and ship
     python benchmarks/train_prior.py --corpus /work/corpus /work/corpus_models  # several
     python benchmarks/train_prior.py --corpus /work/corpus2 /work/corpus_models /work/corpus_rand
         # the shipped model; --exclude '(resnet18|bert)\.' keeps bench_real_models's networks unseen
+    python benchmarks/train_prior.py --corpus benchmarks/corpus_tables/*.npz --out /tmp/prior \
+        --init-model relax_tune/cost_model/pretrained --rounds 100   # corpus tables; continue
 
 An XGBoost ``rank:pairwise`` model, one group per (workload, target), labels the normalised
 throughput within the group, on ``transfer_features``; each round grows 4 trees on
@@ -115,9 +117,9 @@ def _base_meta(model_dir: str) -> dict:
         raise SystemExit(f"--init-model {model_dir}: trained on other features (version "
                          f"{meta.get('feature_version')}, {meta.get('n_columns')} columns; "
                          f"now {FEATURE_VERSION}, {N_TRANSFER})")
-    keep = ("targets", "train_candidates", "rounds", "corpus", "continued_from")
-    return {**{k: meta.get(k) for k in keep},
-            "train_tasks": meta.get("train_tasks"), "heldout_tasks": meta.get("heldout_tasks")}
+    keep = ("targets", "train_candidates", "rounds", "corpus", "continued_from", "train_tasks",
+            "heldout_tasks")
+    return {k: meta.get(k) for k in keep}
 
 
 def main() -> None:
