@@ -156,6 +156,9 @@ def read_table(path: str, feature_version: int | None = None) -> list[TaskData]:
     Tables written before operators, splits and targets were stored (the tests' first
     held-out file) read as held-out tasks of an unknown target."""
     data = np.load(path, allow_pickle=False)
+    if int(data.get("table_version", 1)) > TABLE_VERSION:
+        raise ValueError(f"corpus table {path} is of a newer format (version "
+                         f"{int(data['table_version'])}, this reads {TABLE_VERSION})")
     if feature_version is not None and int(data.get("feature_version", 1)) != feature_version:
         return []
     names = [str(n) for n in data["names"]]

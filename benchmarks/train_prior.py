@@ -35,7 +35,7 @@ from corpus import (TaskData, labels, load_corpus, ranking_metrics, transfer_mat
                     write_table)
 
 from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
-from relax_tune.cost_model.prior import PRIOR_META_FILE, PRIOR_MODEL_FILE  # noqa: E402
+from relax_tune.cost_model.prior import PRIOR_META_FILE, PRIOR_MODEL_FILE, load_prior  # noqa: E402
 from relax_tune.cost_model.transfer import N_TRANSFER, TRANSFER_VERSION  # noqa: E402
 
 PARAMS = {"objective": "rank:pairwise", "lambdarank_pair_method": "mean",
@@ -106,20 +106,20 @@ def _regex(text: str) -> re.Pattern:
         raise argparse.ArgumentTypeError(f"not a regular expression ({err}): {text!r}")
 
 
-def _base_meta(model_dir: str) -> dict:
-    """What the model being continued was trained on (its metadata, condensed)."""
-    path = os.path.join(model_dir, PRIOR_MODEL_FILE)
-    if not os.path.isfile(path):
+def _base_model(model_dir: str):
+    """``(booster, condensed metadata)`` of the model ``--init-model`` continues."""
+    model_path = os.path.join(model_dir, PRIOR_MODEL_FILE)
+    if not os.path.isfile(model_path):
         raise SystemExit(f"--init-model {model_dir}: no {PRIOR_MODEL_FILE} there")
-    with open(os.path.join(model_dir, PRIOR_META_FILE), encoding="utf-8") as f:
-        meta = json.load(f)
-    if meta.get("feature_version") != FEATURE_VERSION or meta.get("n_columns") != N_TRANSFER:
-        raise SystemExit(f"--init-model {model_dir}: trained on other features (version "
-                         f"{meta.get('feature_version')}, {meta.get('n_columns')} columns; "
-                         f"now {FEATURE_VERSION}, {N_TRANSFER})")
+    try:
+        booster, meta = load_prior(model_path, os.path.join(model_dir, PRIOR_META_FILE))
+    except FileNotFoundError as err:
+        raise SystemExit(f"--init-model {model_dir}: {err}")
+    except ValueError as err:  # load_prior's check of the feature versions
+        raise SystemExit(f"--init-model {model_dir}: trained on other features: {err}")
     keep = ("targets", "train_candidates", "rounds", "corpus", "continued_from", "train_tasks",
             "heldout_tasks")
-    return {k: meta.get(k) for k in keep}
+    return booster, {k: meta.get(k) for k in keep}
 
 
 def main() -> None:
@@ -147,7 +147,7 @@ def main() -> None:
                         help="also rank every other training task (of 64 candidates or more) "
                              "with a model trained without its workload; print the mean")
     args = parser.parse_args()
-    base_meta = _base_meta(args.init_model) if args.init_model else None
+    init, base_meta = _base_model(args.init_model) if args.init_model else (None, None)
     tasks = load_corpus(args.corpus, FEATURE_VERSION)
     train_tasks = [t for t in tasks if t.split == "train"
                    and not (args.exclude and args.exclude.match(t.workload))]
@@ -157,7 +157,6 @@ def main() -> None:
     heldout = [t for t in tasks if t.split == "heldout"]
     print(f"corpus {' '.join(args.corpus)}: {len(train_tasks)} train tasks "
           f"({sum(len(t.secs) for t in train_tasks)} candidates), {len(heldout)} held out")
-    init = os.path.join(args.init_model, PRIOR_MODEL_FILE) if args.init_model else None
     booster = train(train_tasks, args.seed, args.rounds, init=init)
     results = evaluate(booster, heldout)
     for name, m in results.items():
