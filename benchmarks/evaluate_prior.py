@@ -3,6 +3,7 @@
     python benchmarks/evaluate_prior.py --corpus /work/corpus            # both parts
     python benchmarks/evaluate_prior.py --corpus /work/corpus --no-tune             # ranking only
     python benchmarks/evaluate_prior.py --tune-only --trials 8 16 32 64 --kernels matmul_256
+    python benchmarks/evaluate_prior.py --tune-only --model /tmp/prior   # a model not shipped
 
 Part 1, ranking (no measurement, the corpus's held-out workloads): a tuning session is
 replayed in the corpus's commit order. After ``n`` measured candidates (n = 0, 16, 32, 64)
@@ -45,17 +46,26 @@ from corpus import load_corpus, ranking_metrics  # noqa: E402
 import relax_tune as rt  # noqa: E402
 from relax_tune.cost_model import PriorXGBModel, RandomModel, XGBModel  # noqa: E402
 from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
+from relax_tune.cost_model.prior import PRIOR_META_FILE, PRIOR_MODEL_FILE  # noqa: E402
 
 HELDOUT_KERNELS = ("matmul_256", "conv2d_nchw_c96_h20", "batch_matmul_8x96x96x48",
                    "depthwise_c128_h28")
 
 
-def _models(seed: int):
+def prior_model(model_dir: str | None = None, **options) -> PriorXGBModel:
+    """``PriorXGBModel(**options)`` on the model in ``model_dir`` (default: the shipped one)."""
+    if model_dir is None:
+        return PriorXGBModel(**options)
+    return PriorXGBModel(model_path=os.path.join(model_dir, PRIOR_MODEL_FILE),
+                         meta_path=os.path.join(model_dir, PRIOR_META_FILE), **options)
+
+
+def _models(seed: int, model_dir: str | None = None):
     return {"random": lambda: RandomModel(seed=seed),
             "fresh": lambda: XGBModel(seed=seed),
-            "prior": lambda: PriorXGBModel(adapt="none", seed=seed),
-            "blend": lambda: PriorXGBModel(adapt="blend", seed=seed),
-            "finetune": lambda: PriorXGBModel(adapt="finetune", seed=seed)}
+            "prior": lambda: prior_model(model_dir, adapt="none", seed=seed),
+            "blend": lambda: prior_model(model_dir, adapt="blend", seed=seed),
+            "finetune": lambda: prior_model(model_dir, adapt="finetune", seed=seed)}
 
 
 def session_ranking(task, make_model, n: int, batch: int = 16, k: int = 10) -> dict:
@@ -77,14 +87,15 @@ def session_ranking(task, make_model, n: int, batch: int = 16, k: int = 10) -> d
     return ranking_metrics(pred, task.secs[rest], k)
 
 
-def ranking_table(corpus: str | list[str], seed: int, budgets=(0, 16, 32, 64)) -> None:
+def ranking_table(corpus: str | list[str], seed: int, budgets=(0, 16, 32, 64),
+                  model_dir: str | None = None) -> None:
     tasks = [t for t in load_corpus(corpus, FEATURE_VERSION) if t.split == "heldout"
              and len(t.secs) >= 48]
     print(f"\nheld-out ranking: {len(tasks)} tasks "
           f"({', '.join(t.workload for t in tasks)}), candidates per task "
           f"{min(len(t.secs) for t in tasks)}-{max(len(t.secs) for t in tasks)}")
     print(f"{'model':10s} {'n':>4s} {'tau':>7s} {'best@10':>8s} {'top10':>6s}")
-    for name, make in _models(seed).items():
+    for name, make in _models(seed, model_dir).items():
         for n in budgets:
             ms = [session_ranking(t, make, n) for t in tasks if len(t.secs) > n + 16]
             if not ms:
@@ -131,7 +142,7 @@ def side_by_side(mod, target, records: dict, rounds: int = 7) -> dict:
     return interleaved(timers, reference=next(iter(records)), rounds=rounds)
 
 
-def tuning_table(kernels, trials, seeds) -> None:
+def tuning_table(kernels, trials, seeds, model_dir: str | None = None) -> None:
     """Tune each kernel with and without the prior, once per seed; print the median over
     seeds of the best latency after each budget (and every seed's figure at the largest)."""
     from make_corpus import WORKLOADS
@@ -152,8 +163,10 @@ def tuning_table(kernels, trials, seeds) -> None:
             for seed in seeds:
                 with tempfile.TemporaryDirectory() as wd:
                     start = time.perf_counter()
+                    cost_model = prior_model(model_dir) \
+                        if model == "xgb-prior" and model_dir else model
                     rt.tune_tir(mod, target, wd, max_trials_global=max(trials),
-                                num_trials_per_iter=8, cost_model=model, seed=seed,
+                                num_trials_per_iter=8, cost_model=cost_model, seed=seed,
                                 convergence_window=0, progress_bar=False)
                     walls.append(time.perf_counter() - start)
                     recs = measured_records(wd)
@@ -194,15 +207,18 @@ def main() -> None:
     parser.add_argument("--trials", nargs="+", type=int, default=[8, 16, 32, 64])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3],
                         help="tuning runs per kernel and model (the ranking part uses the first)")
+    parser.add_argument("--model", default=None, metavar="DIR",
+                        help="the pre-trained model to evaluate (a train_prior.py --out "
+                             "directory; default: the shipped one)")
     parser.add_argument("--no-tune", action="store_true")
     parser.add_argument("--tune-only", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     rt.utils.ensure_tvm_threads()
     if not args.tune_only:
-        ranking_table(args.corpus, args.seeds[0])
+        ranking_table(args.corpus, args.seeds[0], model_dir=args.model)
     if not args.no_tune:
-        tuning_table(args.kernels, sorted(args.trials), args.seeds)
+        tuning_table(args.kernels, sorted(args.trials), args.seeds, args.model)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,20 @@ r"""Train the pre-trained cost model from a corpus (``make_corpus.py``) and ship
         # the shipped model; --exclude '(resnet18|bert)\.' keeps bench_real_models's networks unseen
     python benchmarks/train_prior.py --corpus benchmarks/corpus_tables/*.npz --out /tmp/prior \
         --init-model relax_tune/cost_model/pretrained --rounds 100   # corpus tables; continue
+    python benchmarks/train_prior.py --corpus benchmarks/corpus_tables/intel-*.npz --out /tmp/p \
+        --init-model relax_tune/cost_model/pretrained --rounds 50 \
+        --keep-base-on tests/data/prior_heldout.npz    # ... keeping its ranking on its Zen 4
 
 An XGBoost ``rank:pairwise`` model, one group per (workload, target), labels the normalised
 throughput within the group, on ``transfer_features``; each round grows 4 trees on
 subsamples and averages them (``num_parallel_tree``): one such model ranks held-out
 workloads about as well whatever its seed, where single trees per round moved held-out
 Kendall tau between 0.20 and 0.30 from one seed to the next (AMD EPYC Zen 4 corpora).
+Continuing a model (``--init-model``) on another CPU's corpus moves its ranking on every
+CPU; ``--keep-base-on`` adds the base's own ranking of the new candidates under its machine's
+facts to the training data (``base_rankings``), so the added trees keep the base's ranking
+there and change it only where they split on the machine facts.
+
 Workloads marked held-out in the corpus are never trained on; the script prints their
 ranking (Kendall tau, whether the true best is in the predicted top 10) and stores it in
 the metadata. Reproducible: a fixed seed, one thread and a sorted corpus give the same trees
@@ -27,16 +35,18 @@ import json
 import os
 import re
 import sys
+from typing import Sequence
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from corpus import (TaskData, labels, load_corpus, ranking_metrics, transfer_matrix,  # noqa: E402
-                    write_table)
+from corpus import (TaskData, labels, load_corpus, ranking_metrics, read_table,  # noqa: E402
+                    reference_rows, transfer_matrix, write_table)
 
 from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
 from relax_tune.cost_model.prior import PRIOR_META_FILE, PRIOR_MODEL_FILE, load_prior  # noqa: E402
-from relax_tune.cost_model.transfer import N_TRANSFER, TRANSFER_VERSION  # noqa: E402
+from relax_tune.cost_model.transfer import (N_TRANSFER, TRANSFER_VERSION,  # noqa: E402
+                                            task_reference, transfer_features)
 
 PARAMS = {"objective": "rank:pairwise", "lambdarank_pair_method": "mean",
           "lambdarank_num_pair_per_sample": 8, "eta": 0.1, "max_depth": 3,
@@ -45,9 +55,11 @@ PARAMS = {"objective": "rank:pairwise", "lambdarank_pair_method": "mean",
 ROUNDS = 200
 
 
-def training_arrays(tasks: list[TaskData]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+def training_arrays(tasks: list[TaskData], base=None, keep_facts: Sequence[dict] = ()
+                    ) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """``(X, y, group sizes)`` of ``tasks`` (each a group; groups of fewer than 2 rows
-    dropped)."""
+    dropped); with ``base`` and ``keep_facts``, also ``base_rankings`` of the tasks under each
+    machine's facts."""
     xs, ys, groups = [], [], []
     for task in tasks:
         if len(task.secs) < 2:
@@ -55,22 +67,50 @@ def training_arrays(tasks: list[TaskData]) -> tuple[np.ndarray, np.ndarray, list
         xs.append(transfer_matrix(task))
         ys.append(labels(task.secs))
         groups.append(len(task.secs))
+        for facts in keep_facts if base is not None else ():
+            x, y = base_rankings(base, task, facts)
+            xs.append(x)
+            ys.append(y)
+            groups.append(len(y))
     return np.concatenate(xs), np.concatenate(ys), groups
 
 
-def train(tasks: list[TaskData], seed: int = 1, rounds: int = ROUNDS, params: dict | None = None,
-          init=None):
-    """The trained booster (one thread, ``seed``: reproducible); with ``init`` (a booster
-    or a model file) its trees come first and ``rounds`` more are fitted to ``tasks``."""
+def base_rankings(base, task: TaskData, facts: dict) -> tuple[np.ndarray, np.ndarray]:
+    """``task``'s candidates as if on the machine of ``facts``, labelled with ``base``'s
+    ranking of them there (within-task ranks in [0, 1]).
+
+    Continuing a model on one CPU's records moves its ranking on every CPU: the machine facts
+    are constant within that corpus, so the added trees have no reason to split on them. Trained
+    alongside the measurements, these rows ask the added trees to keep the base's ranking on
+    the other machine (a distillation), which they can only do by splitting on the facts."""
     import xgboost as xgb
 
-    x, y, groups = training_arrays(tasks)
+    x = transfer_features(task.features, task_reference(reference_rows(task)), facts)
+    scores = base.predict(xgb.DMatrix(x))
+    ranks = np.argsort(np.argsort(scores, kind="stable"), kind="stable")
+    return x, ranks / max(1, len(ranks) - 1)
+
+
+def train(tasks: list[TaskData], seed: int = 1, rounds: int = ROUNDS, params: dict | None = None,
+          init=None, keep_facts: Sequence[dict] = ()):
+    """The trained booster (one thread, ``seed``: reproducible); with ``init`` (a booster
+    or a model file) its trees come first and ``rounds`` more are fitted to ``tasks`` (and,
+    with ``keep_facts``, to ``init``'s own ranking under those machines' facts:
+    ``base_rankings``)."""
+    import xgboost as xgb
+
+    if isinstance(init, xgb.Booster):  # a live booster carries its random state: not reproducible
+        init = init.save_raw("ubj")
+    base = None
+    if init is not None and keep_facts:
+        base = xgb.Booster()
+        base.load_model(bytearray(init) if isinstance(init, (bytes, bytearray)) else init)
+        base.set_param({"nthread": 1})
+    x, y, groups = training_arrays(tasks, base, keep_facts)
     dtrain = xgb.DMatrix(x, label=y)
     dtrain.set_group(groups)
     p = dict(PARAMS if params is None else params)
     p.update({"seed": seed, "nthread": 1})
-    if isinstance(init, xgb.Booster):  # a live booster carries its random state: not reproducible
-        init = init.save_raw("ubj")
     return xgb.train(p, dtrain, num_boost_round=rounds, xgb_model=init)
 
 
@@ -83,7 +123,8 @@ def evaluate(booster, tasks: list[TaskData]) -> dict[str, dict[str, float]]:
 
 
 def cross_validate(tasks: list[TaskData], seed: int, rounds: int, every: int = 2,
-                   min_candidates: int = 64, init=None) -> dict[str, dict[str, float]]:
+                   min_candidates: int = 64, init=None, keep_facts: Sequence[dict] = ()
+                   ) -> dict[str, dict[str, float]]:
     """Leave-one-workload-out ranking: for every ``every``-th training task with at least
     ``min_candidates`` candidates, train without its workload (in every corpus; continuing
     ``init`` when given) and rank it."""
@@ -91,7 +132,7 @@ def cross_validate(tasks: list[TaskData], seed: int, rounds: int, every: int = 2
     out = {}
     for fold in folds:
         booster = train([t for t in tasks if t.workload != fold.workload], seed, rounds,
-                        init=init)
+                        init=init, keep_facts=keep_facts)
         out.update(evaluate(booster, [fold]))
     return out
 
@@ -122,6 +163,12 @@ def _base_model(model_dir: str):
     return booster, {k: meta.get(k) for k in keep}
 
 
+def _distinct_facts(tasks: list[TaskData]) -> list[dict]:
+    """The distinct machine facts of ``tasks``, in a fixed order."""
+    seen = {json.dumps(t.facts, sort_keys=True) for t in tasks}
+    return [json.loads(text) for text in sorted(seen)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", nargs="+", default=["/work/corpus"], metavar="DIR",
@@ -143,11 +190,22 @@ def main() -> None:
                              f"{PRIOR_MODEL_FILE}, e.g. the package's pretrained/) with "
                              "--rounds more rounds on this corpus: extends a model whose "
                              "corpus is gone with another machine's records")
+    parser.add_argument("--keep-base-on", nargs="+", default=[], metavar="TABLE",
+                        help="with --init-model: keep the base model's ranking on the machines "
+                             "these corpora (tables or directories) were measured on: their "
+                             "machine facts, with the base's ranking of this corpus's "
+                             "candidates there, are trained on alongside the measurements "
+                             "(e.g. tests/data/prior_heldout.npz for the shipped model's AMD "
+                             "Zen 4)")
     parser.add_argument("--cross-validate", action="store_true",
                         help="also rank every other training task (of 64 candidates or more) "
                              "with a model trained without its workload; print the mean")
     args = parser.parse_args()
     init, base_meta = _base_model(args.init_model) if args.init_model else (None, None)
+    if args.keep_base_on and init is None:
+        parser.error("--keep-base-on needs --init-model (the base whose ranking is kept)")
+    keep_facts = _distinct_facts(load_corpus(args.keep_base_on, FEATURE_VERSION)
+                                 if args.keep_base_on else [])
     tasks = load_corpus(args.corpus, FEATURE_VERSION)
     train_tasks = [t for t in tasks if t.split == "train"
                    and not (args.exclude and args.exclude.match(t.workload))]
@@ -157,7 +215,7 @@ def main() -> None:
     heldout = [t for t in tasks if t.split == "heldout"]
     print(f"corpus {' '.join(args.corpus)}: {len(train_tasks)} train tasks "
           f"({sum(len(t.secs) for t in train_tasks)} candidates), {len(heldout)} held out")
-    booster = train(train_tasks, args.seed, args.rounds, init=init)
+    booster = train(train_tasks, args.seed, args.rounds, init=init, keep_facts=keep_facts)
     results = evaluate(booster, heldout)
     for name, m in results.items():
         print(f"  held out {name.split('@')[0]:32s} tau {m['tau']:+.3f}  best in top-10 "
@@ -165,7 +223,8 @@ def main() -> None:
     if results:
         print(f"  mean tau {np.mean([m['tau'] for m in results.values()]):+.3f}")
     if args.cross_validate:
-        cv = cross_validate(train_tasks, args.seed, args.rounds, init=init)
+        cv = cross_validate(train_tasks, args.seed, args.rounds, init=init,
+                            keep_facts=keep_facts)
         print(f"  left out one at a time: {len(cv)} tasks, mean tau "
               f"{np.mean([m['tau'] for m in cv.values()]):+.3f}, true best in top-10 "
               f"{np.mean([m['best_in_top'] for m in cv.values()]):.2f}")
@@ -185,6 +244,7 @@ def main() -> None:
                                     + (base.get("train_candidates") or 0)),
             "corpus": [os.path.basename(c.rstrip("/")) for c in args.corpus],
             "continued_from": base_meta,
+            "kept_base_on": keep_facts,
             "heldout_metrics": {k.split("@")[0]: v for k, v in results.items()}}
     with open(os.path.join(args.out, PRIOR_META_FILE), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=1, sort_keys=True)

@@ -241,6 +241,48 @@ def test_training_continues_a_model_with_another_corpus():
     assert both.save_raw("json") == train(second[1:], seed=1, rounds=4, init=base).save_raw("json")
 
 
+def test_continuing_keeps_the_base_ranking_on_the_machine_it_was_trained_on():
+    """``train_prior.py --keep-base-on``: continued on another machine's records that rank
+    the candidates the other way round, the model learns them; with the base's own ranking
+    kept under the first machine's facts, it still ranks as the base there (without, the
+    added trees move that machine's ranking too)."""
+    import dataclasses
+
+    import xgboost as xgb
+    from corpus import reference_rows
+    from train_prior import evaluate, train
+
+    from relax_tune.cost_model.transfer import task_reference, transfer_features
+
+    first = _as_training_tasks("llvm -mcpu=znver4")
+    base = train(first, seed=1, rounds=20)
+    facts = {**first[0].facts, "l2_bytes": first[0].facts["l2_bytes"] * 2,
+             "l3_bytes": first[0].facts["l3_bytes"] * 8}
+    other = []
+    for t in first:  # the same candidates on a machine where the ranking is reversed
+        ok = t.secs < 5e9
+        secs = np.where(ok, t.secs[ok].max() + t.secs[ok].min() - t.secs, t.secs)
+        other.append(dataclasses.replace(t, target="llvm -mcpu=other", facts=facts, secs=secs))
+
+    def agreement(model):  # mean tau with the base's ranking on the first machine
+        taus = []
+        for t in first:
+            x = transfer_features(t.features, task_reference(reference_rows(t)), t.facts)
+            taus.append(kendall_tau(model.predict(xgb.DMatrix(x)),
+                                    base.predict(xgb.DMatrix(x))))
+        return float(np.mean(taus))
+
+    def learnt(model):  # mean tau on the other machine's measurements
+        return float(np.mean([m["tau"] for m in evaluate(model, other).values()]))
+
+    plain = train(other, seed=1, rounds=60, init=base)
+    kept = train(other, seed=1, rounds=60, init=base, keep_facts=[first[0].facts])
+    assert learnt(base) < 0 and learnt(plain) > 0.3 and learnt(kept) > 0.3
+    assert agreement(plain) < 0 < 0.8 < agreement(kept)
+    assert kept.save_raw("json") == train(other, seed=1, rounds=60, init=base,
+                                          keep_facts=[first[0].facts]).save_raw("json")
+
+
 def test_train_prior_continues_the_shipped_model(tmp_path):
     """The command line: ``--init-model`` continues a model from its directory, records
     what it was trained on before, and refuses one trained on other features."""
@@ -255,24 +297,31 @@ def test_train_prior_continues_the_shipped_model(tmp_path):
     shipped = os.path.dirname(prior_files()[0])
     script = os.path.join(ROOT, "benchmarks", "train_prior.py")
     run = subprocess.run([sys.executable, script, "--corpus", table, "--out", str(out),
-                          "--rounds", "3", "--init-model", shipped],
+                          "--rounds", "3", "--init-model", shipped, "--keep-base-on", HELDOUT],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     meta = json.loads((out / PRIOR_META_FILE).read_text())
+    assert meta["kept_base_on"] == [_heldout()[0]["facts"]]
     with open(prior_files()[1]) as f:
         shipped_meta = json.load(f)
     assert meta["continued_from"]["targets"] == shipped_meta["targets"]
     assert set(meta["targets"]) == set(shipped_meta["targets"]) | {"llvm -mcpu=test"}
     assert set(meta["train_tasks"]) == set(shipped_meta["train_tasks"]) | {tasks[0].workload}
     assert meta["train_candidates"] == shipped_meta["train_candidates"] + len(tasks[0].secs)
-    model = PriorXGBModel(model_path=str(out / PRIOR_MODEL_FILE),
-                          meta_path=str(out / PRIOR_META_FILE))
+    from evaluate_prior import prior_model  # what evaluate_prior.py --model DIR tunes with
+
+    model = prior_model(str(out), adapt="none")
+    assert model.adapt == "none" and model.meta["kept_base_on"] == meta["kept_base_on"]
     assert model.prior.num_boosted_rounds() == shipped_meta["rounds"] + 3
     (out / PRIOR_META_FILE).write_text(json.dumps({**meta, "feature_version": 0}))
     run = subprocess.run([sys.executable, script, "--corpus", table, "--out",
                           str(tmp_path / "again"), "--init-model", str(out)],
                          capture_output=True, text=True)
     assert run.returncode != 0 and "trained on other features" in run.stderr
+    run = subprocess.run([sys.executable, script, "--corpus", table, "--out",
+                          str(tmp_path / "again"), "--keep-base-on", HELDOUT],
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "--keep-base-on needs --init-model" in run.stderr
 
 
 @pytest.mark.timeout(300)
