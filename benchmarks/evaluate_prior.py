@@ -26,7 +26,10 @@ by more than the gaps they compare. So the verdict is taken again on kernels tim
 side: per seed, the best kernel among the prior's first 16 candidates and the best among
 the fresh model's 64 are rebuilt and timed in interleaved rounds (``timing.interleaved``,
 the fastest of 5 repeats per round);
-printed is the median over seeds of the per-seed ratio (above 1: the prior's is faster).
+printed is the median over seeds of the per-seed ratio (above 1: the prior's is faster), in
+how many seeds the prior's was faster, and every seed's ratio: which search finds the
+fast kernels first varies from run to run (the same settings and seeds, run twice, gave
+medians up to 16% apart on the Intel Xeon), so a verdict needs its spread.
 """
 
 from __future__ import annotations
@@ -188,13 +191,16 @@ def tuning_table(kernels, trials, seeds, model_dir: str | None = None) -> None:
             timed = [side_by_side(mod, target, {"fresh@64": f, "prior@16": p})
                      for f, p in pairs]
             if timed:
-                ratio = float(np.median([t["prior@16"][1] for t in timed]))
+                ratios = [t["prior@16"][1] for t in timed]
+                ratio = float(np.median(ratios))
                 secs = {k: float(np.median([t[k][0] for t in timed])) * 1e6
                         for k in ("prior@16", "fresh@64")}
                 verdicts.append(
                     f"{name}, timed side by side ({len(timed)} seeds, median): prior@16 "
                     f"{secs['prior@16']:.1f} us, fresh@64 {secs['fresh@64']:.1f} us, prior "
-                    f"{ratio:.3f}x as fast: {'yes' if ratio >= 1.0 else 'no'}")
+                    f"{ratio:.3f}x as fast: {'yes' if ratio >= 1.0 else 'no'}; faster in "
+                    f"{sum(r >= 1.0 for r in ratios)} of {len(ratios)} seeds (per seed "
+                    f"{' '.join(f'{r:.2f}' for r in ratios)})")
     for line in verdicts:
         print(line)
 
