@@ -40,7 +40,7 @@ from typing import Sequence
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from corpus import (TaskData, labels, load_corpus, ranking_metrics, read_table,  # noqa: E402
+from corpus import (TaskData, labels, load_corpus, ranking_metrics,  # noqa: E402
                     reference_rows, transfer_matrix, write_table)
 
 from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
@@ -213,6 +213,10 @@ def main() -> None:
         left = sum(t.split == "train" for t in tasks) - len(train_tasks)
         print(f"--exclude {args.exclude.pattern}: {left} training tasks left out")
     heldout = [t for t in tasks if t.split == "heldout"]
+    same = [f for f in keep_facts if f in _distinct_facts(train_tasks)]
+    if same:
+        parser.error(f"--keep-base-on: {same[0]} are also the facts of the corpus trained on; "
+                     "keep the base's ranking on another machine than the one it learns")
     print(f"corpus {' '.join(args.corpus)}: {len(train_tasks)} train tasks "
           f"({sum(len(t.secs) for t in train_tasks)} candidates), {len(heldout)} held out")
     booster = train(train_tasks, args.seed, args.rounds, init=init, keep_facts=keep_facts)

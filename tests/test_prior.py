@@ -292,6 +292,8 @@ def test_train_prior_continues_the_shipped_model(tmp_path):
 
     tasks = _as_training_tasks("llvm -mcpu=test")
     tasks[1].split = "heldout"
+    for t in tasks:  # measured on another machine than the base's (HELDOUT's facts)
+        t.facts = {**t.facts, "l2_bytes": 2 * t.facts["l2_bytes"]}
     table, out = str(tmp_path / "t.npz"), tmp_path / "model"
     write_table(tasks, table, feature_version=1)
     shipped = os.path.dirname(prior_files()[0])
@@ -322,6 +324,10 @@ def test_train_prior_continues_the_shipped_model(tmp_path):
                           str(tmp_path / "again"), "--keep-base-on", HELDOUT],
                          capture_output=True, text=True)
     assert run.returncode != 0 and "--keep-base-on needs --init-model" in run.stderr
+    run = subprocess.run([sys.executable, script, "--corpus", table, "--out",
+                          str(tmp_path / "again"), "--init-model", shipped,
+                          "--keep-base-on", table], capture_output=True, text=True)
+    assert run.returncode != 0 and "also the facts of the corpus trained on" in run.stderr
 
 
 @pytest.mark.timeout(300)
