@@ -3,6 +3,8 @@
     python benchmarks/make_corpus.py --out /work/corpus --time-limit 3000   # on an idle machine
     python benchmarks/make_corpus.py --out /work/corpus --list        # the workloads
     python benchmarks/make_corpus.py --out /work/corpus --only 'matmul_.*' --trials 128
+    python benchmarks/make_corpus.py --out /work/corpus --time-limit 2400 \
+        --table benchmarks/corpus_tables/<cpu>_<mcpu>-c2_<date>_zoo.npz   # ... kept as a table
 
 Every workload of ``WORKLOADS`` (the correctness zoo's operators at several shapes, the
 tasks of ``relax_tune.models``, GEMM / convolution / attention shapes of common networks;
@@ -48,7 +50,7 @@ from tvm.s_tir import SBlock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_real_models import cpu_model  # noqa: E402
-from corpus import FORMAT_VERSION, read_records  # noqa: E402
+from corpus import FORMAT_VERSION, load_corpus, read_records, write_table  # noqa: E402
 
 import relax_tune as rt  # noqa: E402
 from relax_tune.cost_model import FEATURE_VERSION, XGBModel, extract_features  # noqa: E402
@@ -390,6 +392,10 @@ def main() -> None:
                         f"bench_real_models.py ({', '.join(REAL_MODEL_NAMES)}; needs PyTorch)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument("--table", default=None, metavar="NPZ",
+                        help="when the run ends (done or out of time), also write the whole "
+                             "corpus directory as a table (corpus.py --table): what outlives "
+                             "this machine, e.g. into benchmarks/corpus_tables/")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for name in ("relax_tune", "tvm"):
@@ -404,6 +410,16 @@ def main() -> None:
         for w in workloads:
             print(f"{w.name:40s} {w.op:20s} {w.split}")
         return
+    measure_passes(workloads, target, args)
+    if args.table:
+        tasks = load_corpus([args.out], FEATURE_VERSION)
+        write_table(tasks, args.table, FEATURE_VERSION)
+        logger.info("wrote %s: %d tasks, %d candidates", args.table, len(tasks),
+                    sum(len(t.secs) for t in tasks))
+
+
+def measure_passes(workloads: list, target, args) -> None:
+    """The two passes over ``workloads`` (module docstring), until done or out of time."""
     deadline = time.monotonic() + args.time_limit
     passes = [{"train": args.first_pass, "heldout": args.trials},
               {"train": args.trials, "heldout": args.heldout_trials}]
@@ -422,7 +438,6 @@ def main() -> None:
                 continue
             if n:
                 logger.info("%s: %d records (%.0f s)", wl.name, n, time.monotonic() - start)
-
 
 if __name__ == "__main__":
     main()

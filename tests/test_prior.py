@@ -330,6 +330,34 @@ def test_train_prior_continues_the_shipped_model(tmp_path):
     assert run.returncode != 0 and "also the facts of the corpus trained on" in run.stderr
 
 
+def test_make_corpus_measures_resumes_and_writes_a_table(tmp_path):
+    """``make_corpus.py``: a workload's candidates are measured on this CPU and recorded with
+    its target and facts; a second run with a larger budget continues the first; ``--table``
+    writes the whole corpus as a table when the run ends."""
+    from corpus import load_corpus, read_table
+
+    from relax_tune import host_target
+    from relax_tune.cost_model.transfer import target_facts
+
+    script = os.path.join(ROOT, "benchmarks", "make_corpus.py")
+    out, table = tmp_path / "corpus", tmp_path / "t.npz"
+    args = [sys.executable, script, "--out", str(out), "--no-models", "--only", "dense_16x64x32",
+            "--first-pass", "3", "--random-trials", "2", "--time-limit", "200"]
+    run = subprocess.run(args + ["--trials", "3"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert not table.exists()
+    run = subprocess.run(args + ["--trials", "5", "--table", str(table)], capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (task,) = read_table(str(table))
+    assert (task.workload, task.split, len(task.secs)) == ("dense_16x64x32", "train", 5)
+    assert task.facts == target_facts(host_target())
+    assert sorted(task.order.tolist()) == list(range(5))  # the second run added 2 to the 3
+    assert (task.secs < 1.0).all()
+    (again,) = load_corpus([str(out)])
+    np.testing.assert_array_equal(again.features, task.features)
+
+
 @pytest.mark.timeout(300)
 def test_shipped_model_loads_in_a_fresh_install(tmp_path):
     """Build the wheel, install it into an empty folder and load the model from there."""
