@@ -49,7 +49,7 @@ from corpus import load_corpus, ranking_metrics  # noqa: E402
 import relax_tune as rt  # noqa: E402
 from relax_tune.cost_model import PriorXGBModel, RandomModel, XGBModel  # noqa: E402
 from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
-from relax_tune.cost_model.prior import PRIOR_META_FILE, PRIOR_MODEL_FILE  # noqa: E402
+from relax_tune.cost_model.prior import prior_files  # noqa: E402
 
 HELDOUT_KERNELS = ("matmul_256", "conv2d_nchw_c96_h20", "batch_matmul_8x96x96x48",
                    "depthwise_c128_h28")
@@ -57,10 +57,8 @@ HELDOUT_KERNELS = ("matmul_256", "conv2d_nchw_c96_h20", "batch_matmul_8x96x96x48
 
 def prior_model(model_dir: str | None = None, **options) -> PriorXGBModel:
     """``PriorXGBModel(**options)`` on the model in ``model_dir`` (default: the shipped one)."""
-    if model_dir is None:
-        return PriorXGBModel(**options)
-    return PriorXGBModel(model_path=os.path.join(model_dir, PRIOR_MODEL_FILE),
-                         meta_path=os.path.join(model_dir, PRIOR_META_FILE), **options)
+    model_path, meta_path = prior_files(model_dir)
+    return PriorXGBModel(model_path=model_path, meta_path=meta_path, **options)
 
 
 def _models(seed: int, model_dir: str | None = None):

@@ -439,5 +439,6 @@ def measure_passes(workloads: list, target, args) -> None:
             if n:
                 logger.info("%s: %d records (%.0f s)", wl.name, n, time.monotonic() - start)
 
+
 if __name__ == "__main__":
     main()

@@ -44,7 +44,7 @@ from corpus import (TaskData, labels, load_corpus, ranking_metrics,  # noqa: E40
                     reference_rows, transfer_matrix, write_table)
 
 from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
-from relax_tune.cost_model.prior import PRIOR_META_FILE, PRIOR_MODEL_FILE, load_prior  # noqa: E402
+from relax_tune.cost_model.prior import PRIOR_MODEL_FILE, load_prior, prior_files  # noqa: E402
 from relax_tune.cost_model.transfer import (N_TRANSFER, TRANSFER_VERSION,  # noqa: E402
                                             task_reference, transfer_features)
 
@@ -149,11 +149,11 @@ def _regex(text: str) -> re.Pattern:
 
 def _base_model(model_dir: str):
     """``(booster, condensed metadata)`` of the model ``--init-model`` continues."""
-    model_path = os.path.join(model_dir, PRIOR_MODEL_FILE)
+    model_path, meta_path = prior_files(model_dir)
     if not os.path.isfile(model_path):
         raise SystemExit(f"--init-model {model_dir}: no {PRIOR_MODEL_FILE} there")
     try:
-        booster, meta = load_prior(model_path, os.path.join(model_dir, PRIOR_META_FILE))
+        booster, meta = load_prior(model_path, meta_path)
     except FileNotFoundError as err:
         raise SystemExit(f"--init-model {model_dir}: {err}")
     except ValueError as err:  # load_prior's check of the feature versions
@@ -213,7 +213,8 @@ def main() -> None:
         left = sum(t.split == "train" for t in tasks) - len(train_tasks)
         print(f"--exclude {args.exclude.pattern}: {left} training tasks left out")
     heldout = [t for t in tasks if t.split == "heldout"]
-    same = [f for f in keep_facts if f in _distinct_facts(train_tasks)]
+    trained_on = _distinct_facts(train_tasks)
+    same = [f for f in keep_facts if f in trained_on]
     if same:
         parser.error(f"--keep-base-on: {same[0]} are also the facts of the corpus trained on; "
                      "keep the base's ranking on another machine than the one it learns")
@@ -233,7 +234,8 @@ def main() -> None:
               f"{np.mean([m['tau'] for m in cv.values()]):+.3f}, true best in top-10 "
               f"{np.mean([m['best_in_top'] for m in cv.values()]):.2f}")
     os.makedirs(args.out, exist_ok=True)
-    booster.save_model(os.path.join(args.out, PRIOR_MODEL_FILE))
+    model_out, meta_out = prior_files(args.out)
+    booster.save_model(model_out)
     base = base_meta or {}
     meta = {"feature_version": FEATURE_VERSION, "transfer_version": TRANSFER_VERSION,
             "n_columns": N_TRANSFER, "params": {**PARAMS, "seed": args.seed},
@@ -250,14 +252,13 @@ def main() -> None:
             "continued_from": base_meta,
             "kept_base_on": keep_facts,
             "heldout_metrics": {k.split("@")[0]: v for k, v in results.items()}}
-    with open(os.path.join(args.out, PRIOR_META_FILE), "w", encoding="utf-8") as f:
+    with open(meta_out, "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=1, sort_keys=True)
     if args.test_data:
         write_table([t for t in heldout if t.workload in TEST_WORKLOADS], args.test_data,
                     FEATURE_VERSION)
         print(f"wrote {args.test_data} ({os.path.getsize(args.test_data) / 1024:.0f} KiB)")
-    size = os.path.getsize(os.path.join(args.out, PRIOR_MODEL_FILE))
-    print(f"wrote {args.out}/{PRIOR_MODEL_FILE} ({size / 1024:.0f} KiB)")
+    print(f"wrote {model_out} ({os.path.getsize(model_out) / 1024:.0f} KiB)")
 
 
 if __name__ == "__main__":

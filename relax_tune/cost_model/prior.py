@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from importlib import resources
 from typing import Sequence
 
@@ -48,8 +49,12 @@ ADAPT_MODES = ("blend", "finetune", "none")
 _MIN_REFERENCE_ROWS = 8
 
 
-def prior_files() -> tuple[str, str]:
-    """Paths of the shipped model and its metadata (package data, ``pretrained/``)."""
+def prior_files(directory: str | None = None) -> tuple[str, str]:
+    """Paths of a pre-trained model and its metadata in ``directory`` (a
+    ``train_prior.py --out`` directory; default: the shipped one, package data
+    ``pretrained/``)."""
+    if directory is not None:
+        return os.path.join(directory, PRIOR_MODEL_FILE), os.path.join(directory, PRIOR_META_FILE)
     base = resources.files("relax_tune.cost_model") / "pretrained"
     return str(base / PRIOR_MODEL_FILE), str(base / PRIOR_META_FILE)
 
