@@ -99,17 +99,29 @@ def test_registered_and_never_returns_a_key_twice(target):
 
 def test_a_model_that_ranks_before_the_first_trial_screens_a_larger_first_pool(target):
     mod = matmul(64)
-    sizes = dict(ranked_pool=64, ranked_generations=2, ranked_mutants=16)
+    sizes = dict(ranked_pool=64, ranked_generations=2, ranked_mutants=16,
+                 small_pool=(16, 1, 8))
     # epsilon 1: every pick would be random, except from the first pool a model ranks
     prior = EvolutionarySearch(mod, target, seed=3, epsilon=1.0,
                                context=SearchContext(cost_model=PriorXGBModel()), **sizes)
     first = prior.next_candidates(4)
     assert len(first) == 4 and prior.stats["fresh"] >= 64 > prior.fresh_per_call
     model = prior.model
-    picked = model.predict_features(prior.task,
-                                    np.stack([prior._given[c.key].features for c in first]))
-    rest = model.predict_features(prior.task, np.stack([e.features for e in prior._pool.values()]))
-    assert picked.min() >= rest.max()  # the best-predicted four, no random pick
+
+    def scores(keys):
+        rows = [(prior._given.get(k) or prior._pool[k]).features for k in keys]
+        return model.predict_features(prior.task, np.stack(rows)) if rows else np.zeros(1)
+
+    small = prior._small_pool
+    assert 16 <= len(small) <= 24 and len(prior._pool) + 4 > 2 * len(small)
+    picked = [c.key for c in first]
+    from_small = [k for k in picked if k in small][:2]
+    # half the batch: the best-predicted two of the small pool grown first ...
+    assert len(from_small) == 2
+    assert scores(from_small).min() >= scores([k for k in small if k not in picked]).max()
+    # ... the other half the best-predicted of the whole pool, no random pick
+    others = [k for k in picked if k not in from_small]
+    assert scores(others).min() >= scores(list(prior._pool)).max()
     fresh_before = prior.stats["fresh"]
     prior.update(first, [1e-4, 2e-4, 3e-4, 4e-4])
     prior.next_candidates(4)  # later pools are the usual size
@@ -132,8 +144,9 @@ def test_a_space_of_few_programs_stops_sampling_after_a_streak_of_duplicates(tar
                                 context=SearchContext(cost_model=PriorXGBModel()),
                                 ranked_pool=256, ranked_generations=4, ranked_mutants=64)
     assert search.next_candidates(8)
-    # without the streak: 4 x 256 + 8 fresh attempts and 4 x 64 mutants (about 1300)
-    assert search.stats["replays"] <= 4 * 32 + len(search._pool) + 16, search.stats
+    # without the streak: 4 x 256 + 8 fresh attempts and 4 x 64 mutants (about 1300); with
+    # it, a streak per phase (the small pool's samples and mutants, then the large pool's)
+    assert search.stats["replays"] <= 6 * 32 + len(search._pool) + 16, search.stats
     with pytest.raises(ValueError, match="max_fail_streak must be at least 1"):
         EvolutionarySearch(mod, target, max_fail_streak=0)
 

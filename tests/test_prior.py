@@ -403,3 +403,39 @@ def test_a_gpu_task_is_ranked_by_the_session_model_alone():
     np.testing.assert_allclose(model.predict_features("cpu", x), model._prior_scores("cpu", x))
     fresh = XGBModel(seed=1)
     np.testing.assert_allclose(model.predict_features("gpu", x), fresh.predict_features("t", x))
+
+
+def test_simulated_tuning_replays_sessions_on_measured_candidates():
+    """``simulate_tuning.py`` on the fixed held-out data of both CPUs: the prior's first
+    batch is its top 8 (the figure after 8 trials is theirs, computed here directly), every
+    figure is at least 1 and never worse after more trials, and a session is reproducible
+    from its seed."""
+    from simulate_tuning import Strategy, simulate, simulated_tasks
+
+    tasks = simulated_tasks(list(HELDOUT_TABLES.values()), min_candidates=50)
+    assert len(tasks) == 4
+    prior, adapted = Strategy.parse("prior"), Strategy.parse("blend:batch=4:eps=0.25")
+    for task in tasks:
+        found = simulate(task, prior, seed=1, budgets=(8, 16, 32))
+        assert found == simulate(task, prior, seed=1, budgets=(8, 16, 32))
+        assert 1.0 <= found[2] <= found[1] <= found[0]
+        model = PriorXGBModel(adapt="none")
+        model.set_facts(task.name, task.facts)
+        rng = np.random.default_rng(1)  # the simulation's reference rows
+        model.transfer(task.name, task.features[rng.permutation(len(task.secs))[:64]])
+        top8 = np.argsort(-model.predict_features(task.name, task.features))[:8]
+        secs = np.where(task.secs < 5e9, task.secs, np.inf)
+        assert found[0] == pytest.approx(secs[top8].min() / secs.min())
+        steps = simulate(task, adapted, seed=2, budgets=(4, 8, 16))
+        assert 1.0 <= steps[2] <= steps[1] <= steps[0]
+
+
+def test_simulate_tuning_names_a_bad_strategy():
+    from simulate_tuning import Strategy
+
+    assert Strategy.parse("finetune:rounds=10:eps1=0.25") == Strategy(
+        model="finetune", rounds=10, eps1=0.25)
+    for spec, words in (("blendd", "model must be one of"), ("blend:bacth=4", "'bacth=4'"),
+                        ("blend:batch=0", "batch must be at least 1"), ("prior:eps", "'eps'")):
+        with pytest.raises(ValueError, match=words):
+            Strategy.parse(spec)
