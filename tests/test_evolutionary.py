@@ -100,7 +100,7 @@ def test_registered_and_never_returns_a_key_twice(target):
 def test_a_model_that_ranks_before_the_first_trial_screens_a_larger_first_pool(target):
     mod = matmul(64)
     sizes = dict(ranked_pool=64, ranked_generations=2, ranked_mutants=16,
-                 small_pool=(16, 1, 8))
+                 small_pool=(16, 1, 8), small_pool_share=0.5)
     # epsilon 1: every pick would be random, except from the first pool a model ranks
     prior = EvolutionarySearch(mod, target, seed=3, epsilon=1.0,
                                context=SearchContext(cost_model=PriorXGBModel()), **sizes)

@@ -26,15 +26,17 @@ large again, 512 fresh and 4 x 128 mutants, was no better: 0.92-1.09x against th
 costs about 700 replays, 4.5-5 s per convolution task on 2 cores with the builder's
 workers sharing them (8 s in one process).
 
-Half of that first batch is the best-predicted of a small pool grown first within it
-(``SMALL_POOL``: 64 fresh samples, 2 rounds of 32 mutants), the other half the best of the
-whole pool. The best-predicted of many candidates are where the model is most wrong: a
+With ``small_pool_share`` above 0 (default 0: off), that share of the first batch is the
+best-predicted of a small pool grown first within it (``SMALL_POOL``: 64 fresh samples, 2
+rounds of 32 mutants), the rest the best of the whole pool. The best-predicted of many candidates are where the model is most wrong: a
 preference learnt on one CPU (the shipped model's Zen 4 register tiles) is taken at its
 most extreme, and a smaller pool's best are a hedge. On the Intel Xeon, 6 seeds, best after
 16 trials (the same pools, selection only; medians): matmul 256^3 124.5 -> 111.5 us,
 conv2d 96ch 20x20 417.7 -> 405.1 us, depthwise 128ch 28x28 25.7 -> 26.6 us (level in 4 of 6
 seeds); the small pool alone: matmul 109.0 us but conv2d 469.9 and depthwise 32.0 (against
-397.1 and 21.1 with the large one, another run).
+397.1 and 21.1 with the large one, another run). Off by default: on whole ResNet-18 at 8
+trials per task (the first batch is all a task gets) it cost 2-4% in two paired runs
+(ONNX Runtime over ours 0.83x with it against 0.86x without; 0.81x against 0.83x).
 
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds (they overlap the builds); the call then only re-scores the pool with the model that
@@ -139,7 +141,7 @@ class EvolutionarySearch(SearchStrategy):
     RANKED_GENERATIONS = 4
     RANKED_MUTANTS = 64
     SMALL_POOL = (64, 2, 32)  # fresh samples, rounds, mutants per round of the small pool
-    SMALL_POOL_SHARE = 0.5  # of the first ranked batch, taken from the small pool
+    SMALL_POOL_SHARE = 0.0  # of the first ranked batch, taken from the small pool (off)
 
     def __init__(self, mod: tvm.IRModule, target: tvm.target.Target, seed: int = 1,
                  context: SearchContext | None = None, population_size: int = 32,
@@ -428,7 +430,7 @@ class EvolutionarySearch(SearchStrategy):
                 self.ranked_pool, self.ranked_generations, self.ranked_mutants
             self._ranked_first = True
         self._grown = True
-        if self._ranked_first:
+        if self._ranked_first and self.small_pool_share > 0:
             small_fresh, small_generations, small_mutants = self.small_pool
             fresh -= self._sample_fresh(min(small_fresh, fresh), exclude)
             self._evolve(exclude, small_generations, small_mutants)
