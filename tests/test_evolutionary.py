@@ -122,6 +122,17 @@ def test_a_model_that_ranks_before_the_first_trial_screens_a_larger_first_pool(t
     # ... the other half the best-predicted of the whole pool, no random pick
     others = [k for k in picked if k not in from_small]
     assert scores(others).min() >= scores(list(prior._pool)).max()
+    # the default (share 0): no small pool, the whole pool's best four
+    plain = EvolutionarySearch(mod, target, seed=3, epsilon=1.0,
+                               context=SearchContext(cost_model=PriorXGBModel()),
+                               **{**sizes, "small_pool_share": None})
+    batch = plain.next_candidates(4)
+    assert not plain._small_pool and plain.small_pool_share == 0.0
+    top = plain.model.predict_features(plain.task, np.stack([plain._given[c.key].features
+                                                             for c in batch]))
+    left = plain.model.predict_features(plain.task,
+                                        np.stack([e.features for e in plain._pool.values()]))
+    assert top.min() >= left.max()
     fresh_before = prior.stats["fresh"]
     prior.update(first, [1e-4, 2e-4, 3e-4, 4e-4])
     prior.next_candidates(4)  # later pools are the usual size
