@@ -41,18 +41,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from corpus import TaskData, load_corpus  # noqa: E402
+from corpus import TaskData, load_corpus, reference_rows  # noqa: E402
 from evaluate_prior import prior_model  # noqa: E402
 
 from relax_tune.cost_model import XGBModel  # noqa: E402
 from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
+from relax_tune.utils import FAILED_RUN_SECS  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CORPUS = sorted(glob.glob(os.path.join(HERE, "corpus_tables", "*.npz")))
 BUDGETS = (8, 16, 32, 64)
 MODELS = ("fresh", "prior", "blend", "finetune")
 _OPTIONS = {"batch": int, "eps": float, "eps1": float, "temp": float, "rounds": int}
-_FAILED = 0.5e10  # corpus seconds at or above this are failures
+_FAILED = FAILED_RUN_SECS * 0.5  # corpus seconds at or above this are failures
 
 
 @dataclass
@@ -105,16 +106,13 @@ def simulate(task: TaskData, strategy: Strategy, seed: int, budgets=BUDGETS,
     name = task.name
     if hasattr(model, "set_facts"):
         model.set_facts(name, task.facts)  # the machine the universe was measured on
-        # the task's reference vector, as the search's first pool sets it: random samples
-        model.transfer(name, task.features[rng.permutation(len(task.secs))[:64]])
+        model.transfer(name, reference_rows(task))  # the reference the first pool sets
     left = np.ones(len(task.secs), dtype=bool)
     taken: list[int] = []
     while len(taken) < max(budgets) and left.any():
         idx = np.flatnonzero(left)
-        if model.ranks(name):
-            scores = np.asarray(model.predict_features(name, task.features[idx]), np.float64)
-        else:
-            scores = rng.random(len(idx))
+        # an untrained fresh model scores at random
+        scores = np.asarray(model.predict_features(name, task.features[idx]), np.float64)
         ranked = idx[np.argsort(-(scores + rng.random(len(idx)) * 1e-9))]  # ties at random
         eps = strategy.eps1 if not taken else strategy.eps
         n = min(strategy.batch, len(idx))
@@ -173,8 +171,8 @@ def main() -> None:
         gm = np.exp(np.log(res).mean(axis=0))
         cells = "  ".join(f"@{k} {g:.3f} ({w:.2f})" for k, g, w in zip(budgets, gm, res.max(0)))
         print(f"{spec:26s} {cells}")
-    print(f"\nper task, @{budgets[min(1, len(budgets) - 1)]}: " + "  ".join(results))
     col = min(1, len(budgets) - 1)
+    print(f"\nper task, @{budgets[col]}: " + "  ".join(results))
     for i, t in enumerate(tasks):
         print(f"{t.name[:60]:60s} " + "  ".join(f"{r[i, col]:.2f}" for r in results.values()))
 

@@ -410,6 +410,7 @@ def test_simulated_tuning_replays_sessions_on_measured_candidates():
     batch is its top 8 (the figure after 8 trials is theirs, computed here directly), every
     figure is at least 1 and never worse after more trials, and a session is reproducible
     from its seed."""
+    from corpus import reference_rows
     from simulate_tuning import Strategy, simulate, simulated_tasks
 
     tasks = simulated_tasks(list(HELDOUT_TABLES.values()), min_candidates=50)
@@ -421,8 +422,7 @@ def test_simulated_tuning_replays_sessions_on_measured_candidates():
         assert 1.0 <= found[2] <= found[1] <= found[0]
         model = PriorXGBModel(adapt="none")
         model.set_facts(task.name, task.facts)
-        rng = np.random.default_rng(1)  # the simulation's reference rows
-        model.transfer(task.name, task.features[rng.permutation(len(task.secs))[:64]])
+        model.transfer(task.name, reference_rows(task))  # the simulation's reference
         top8 = np.argsort(-model.predict_features(task.name, task.features))[:8]
         secs = np.where(task.secs < 5e9, task.secs, np.inf)
         assert found[0] == pytest.approx(secs[top8].min() / secs.min())

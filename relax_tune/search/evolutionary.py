@@ -28,9 +28,10 @@ workers sharing them (8 s in one process).
 
 With ``small_pool_share`` above 0 (default 0: off), that share of the first batch is the
 best-predicted of a small pool grown first within it (``SMALL_POOL``: 64 fresh samples, 2
-rounds of 32 mutants), the rest the best of the whole pool. The best-predicted of many candidates are where the model is most wrong: a
-preference learnt on one CPU (the shipped model's Zen 4 register tiles) is taken at its
-most extreme, and a smaller pool's best are a hedge. On the Intel Xeon, 6 seeds, best after
+rounds of 32 mutants), the rest the best of the whole pool. The best-predicted of many
+candidates are where the model is most wrong: a preference learnt on one CPU (the shipped
+model's Zen 4 register tiles) is taken at its most extreme, and a smaller pool's best are a
+hedge. On the Intel Xeon, 6 seeds, best after
 16 trials (the same pools, selection only; medians): matmul 256^3 124.5 -> 111.5 us,
 conv2d 96ch 20x20 417.7 -> 405.1 us, depthwise 128ch 28x28 25.7 -> 26.6 us (level in 4 of 6
 seeds); the small pool alone: matmul 109.0 us but conv2d 469.9 and depthwise 32.0 (against
@@ -440,7 +441,7 @@ class EvolutionarySearch(SearchStrategy):
 
     def _select(self, n: int, epsilon: float) -> list[Candidate]:
         ranked = sorted(self._pool.values(), key=lambda e: -e.score)
-        if self._ranked_first:  # the small pool's best first (module docstring)
+        if self._ranked_first and self._small_pool:  # its best first (module docstring)
             small = [e for e in ranked if e.cand.key in self._small_pool]
             first = small[:int(round(self.small_pool_share * n))]
             taken = {e.cand.key for e in first}
