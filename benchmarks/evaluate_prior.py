@@ -4,6 +4,7 @@
     python benchmarks/evaluate_prior.py --corpus /work/corpus --no-tune             # ranking only
     python benchmarks/evaluate_prior.py --tune-only --trials 8 16 32 64 --kernels matmul_256
     python benchmarks/evaluate_prior.py --tune-only --model /tmp/prior   # a model not shipped
+    python benchmarks/evaluate_prior.py --corpus T.npz --real-models resnet18  # all three parts
 
 Part 1, ranking (no measurement, the corpus's held-out workloads): a tuning session is
 replayed in the corpus's commit order. After ``n`` measured candidates (n = 0, 16, 32, 64)
@@ -30,6 +31,14 @@ printed is the median over seeds of the per-seed ratio (above 1: the prior's is 
 how many seeds the prior's was faster, and every seed's ratio: which search finds the
 fast kernels first varies from run to run (the same settings and seeds, run twice, gave
 medians up to 16% apart on the Intel Xeon), so a verdict needs its spread.
+
+Part 3, whole models (``--real-models NAME ...``, measured now): ``bench_real_models.py``
+tunes each model with the prior at ``--real-prior-trials-per-task`` (default 8) and
+without it (``cost_model="xgb"``) at ``--real-trials-per-task`` (default 32), and times
+both builds with ONNX Runtime and PyTorch in interleaved rounds, every contender on the
+same threads (TVM_NUM_THREADS, else every usable core). It runs in a process of its own
+(it sets the thread counts before TVM and PyTorch load) and needs the ``frameworks``
+extra; it uses the shipped model (``--model`` is for parts 1 and 2).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +54,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_real_models import MODEL_NAMES as REAL_MODELS  # noqa: E402
 from corpus import load_corpus, ranking_metrics  # noqa: E402
 
 import relax_tune as rt  # noqa: E402
@@ -203,7 +214,22 @@ def tuning_table(kernels, trials, seeds, model_dir: str | None = None) -> None:
         print(line)
 
 
-def main() -> None:
+def real_models_table(models: list[str], per_task: int, prior_per_task: int,
+                      rounds: int, small: bool = False) -> int:
+    """Part 3: ``bench_real_models.py`` on ``models``, the prior's budget against the
+    fresh model's; returns its exit status."""
+    threads = os.environ.get("TVM_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
+    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                        "bench_real_models.py"),
+           "--models", *models, "--trials-per-task", str(per_task),
+           "--prior-trials-per-task", str(prior_per_task), "--cost-model", "xgb",
+           "--rounds", str(rounds), "--threads", threads] + (["--small"] if small else [])
+    print(f"\nwhole models, the prior at {prior_per_task} trials per task against the fresh "
+          f"model at {per_task} ({' '.join(cmd[1:])}):", flush=True)
+    return subprocess.run(cmd, check=False).returncode
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", nargs="+", default=["/work/corpus"], metavar="DIR",
                         help="corpus directories (their held-out workloads are ranked)")
@@ -216,14 +242,33 @@ def main() -> None:
                              "directory; default: the shipped one)")
     parser.add_argument("--no-tune", action="store_true")
     parser.add_argument("--tune-only", action="store_true")
+    parser.add_argument("--real-models", nargs="+", default=[], choices=REAL_MODELS,
+                        metavar="NAME", help="part 3: whole models of bench_real_models.py "
+                        f"({', '.join(REAL_MODELS)})")
+    parser.add_argument("--real-trials-per-task", type=int, default=32,
+                        help="part 3: the fresh model's budget per task")
+    parser.add_argument("--real-prior-trials-per-task", type=int, default=8,
+                        help="part 3: the prior's budget per task")
+    parser.add_argument("--real-rounds", type=int, default=7,
+                        help="part 3: interleaved timing rounds")
+    parser.add_argument("--real-small", action="store_true",
+                        help="part 3: reduced input sizes (a smoke run)")
     args = parser.parse_args()
+    if args.real_models and args.model:
+        parser.error("--model applies to the ranking and kernel parts only: the whole-model "
+                     "part tunes with the shipped model; leave out --real-models or --model")
     logging.basicConfig(level=logging.WARNING)
     rt.utils.ensure_tvm_threads()
     if not args.tune_only:
         ranking_table(args.corpus, args.seeds[0], model_dir=args.model)
     if not args.no_tune:
         tuning_table(args.kernels, sorted(args.trials), args.seeds, args.model)
+    if args.real_models:
+        return real_models_table(args.real_models, args.real_trials_per_task,
+                                 args.real_prior_trials_per_task, args.real_rounds,
+                                 args.real_small)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
