@@ -439,3 +439,41 @@ def test_simulate_tuning_names_a_bad_strategy():
                         ("blend:batch=0", "batch must be at least 1"), ("prior:eps", "'eps'")):
         with pytest.raises(ValueError, match=words):
             Strategy.parse(spec)
+
+
+def _evaluate_prior(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "evaluate_prior.py"),
+                           *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "TVM_NUM_THREADS": "2"})
+
+
+def test_evaluate_prior_names_what_the_whole_model_part_cannot_take():
+    """The whole-model part tunes with the shipped model: a model under evaluation
+    (``--model``) with it is refused before any work, as is an unknown network."""
+    both = _evaluate_prior("--real-models", "resnet18", "--model", "/nonexistent")
+    assert both.returncode == 2 and "--model applies to the ranking and kernel parts" \
+        in both.stderr
+    unknown = _evaluate_prior("--real-models", "resnet81")
+    assert unknown.returncode == 2 and "invalid choice: 'resnet81'" in unknown.stderr
+
+
+@pytest.mark.slow
+def test_evaluate_prior_runs_the_issue_s_three_parts_in_one_invocation():
+    """Ranking on fixed data, no kernel tuning, and a small whole model tuned with and
+    without the prior and timed against ONNX Runtime and PyTorch (about 6 minutes)."""
+    import importlib.util
+
+    # found, not imported: bench_real_models.py imports torchvision its own way
+    missing = [m for m in ("torch", "torchvision", "onnxruntime", "onnxscript")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"needs the frameworks extra ({', '.join(missing)} missing)")
+    out = _evaluate_prior("--no-tune", "--corpus", HELDOUT, "--real-models", "mobilenet_v2",
+                          "--real-small", "--real-trials-per-task", "1",
+                          "--real-prior-trials-per-task", "1", "--real-rounds", "1",
+                          timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "held-out ranking" in out.stdout and "blend" in out.stdout
+    for row in ("| mobilenet_v2 | onnxruntime |", "| mobilenet_v2 | relax_tune |",
+                "| mobilenet_v2 | relax_tune(prior) |"):
+        assert row in out.stdout, out.stdout[-3000:]
