@@ -218,7 +218,7 @@ def real_models_table(models: list[str], per_task: int, prior_per_task: int,
                       rounds: int, small: bool = False) -> int:
     """Part 3: ``bench_real_models.py`` on ``models``, the prior's budget against the
     fresh model's; returns its exit status."""
-    threads = os.environ.get("TVM_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
+    threads = str(rt.utils.ensure_tvm_threads())  # TVM_NUM_THREADS, else every usable core
     cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                         "bench_real_models.py"),
            "--models", *models, "--trials-per-task", str(per_task),
