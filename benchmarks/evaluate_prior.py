@@ -215,15 +215,14 @@ def tuning_table(kernels, trials, seeds, model_dir: str | None = None) -> None:
 
 
 def real_models_table(models: list[str], per_task: int, prior_per_task: int,
-                      rounds: int, small: bool = False) -> int:
+                      rounds: int, threads: int, small: bool = False) -> int:
     """Part 3: ``bench_real_models.py`` on ``models``, the prior's budget against the
-    fresh model's; returns its exit status."""
-    threads = str(rt.utils.ensure_tvm_threads())  # TVM_NUM_THREADS, else every usable core
+    fresh model's, every contender on ``threads``; returns its exit status."""
     cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                         "bench_real_models.py"),
            "--models", *models, "--trials-per-task", str(per_task),
            "--prior-trials-per-task", str(prior_per_task), "--cost-model", "xgb",
-           "--rounds", str(rounds), "--threads", threads] + (["--small"] if small else [])
+           "--rounds", str(rounds), "--threads", str(threads)] + (["--small"] if small else [])
     print(f"\nwhole models, the prior at {prior_per_task} trials per task against the fresh "
           f"model at {per_task} ({' '.join(cmd[1:])}):", flush=True)
     return subprocess.run(cmd, check=False).returncode
@@ -258,7 +257,7 @@ def main() -> int:
         parser.error("--model applies to the ranking and kernel parts only: the whole-model "
                      "part tunes with the shipped model; leave out --real-models or --model")
     logging.basicConfig(level=logging.WARNING)
-    rt.utils.ensure_tvm_threads()
+    threads = rt.utils.ensure_tvm_threads()  # TVM_NUM_THREADS, else every usable core
     if not args.tune_only:
         ranking_table(args.corpus, args.seeds[0], model_dir=args.model)
     if not args.no_tune:
@@ -266,7 +265,7 @@ def main() -> int:
     if args.real_models:
         return real_models_table(args.real_models, args.real_trials_per_task,
                                  args.real_prior_trials_per_task, args.real_rounds,
-                                 args.real_small)
+                                 threads, args.real_small)
     return 0
 
 

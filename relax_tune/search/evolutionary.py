@@ -40,11 +40,12 @@ candidates are where the model is most wrong: a preference learnt on one CPU (th
 model's Zen 4 register tiles) is taken at its most extreme, and a smaller pool's best are a
 hedge. On the Intel Xeon, 6 seeds, best after 16 trials (with the earlier first pool of 256
 fresh samples and 4 x 64 mutants; the same pools, selection only; medians): matmul 256^3
-124.5 -> 111.5 us, conv2d 96ch 20x20 417.7 -> 405.1 us, depthwise 128ch 28x28 25.7 -> 26.6 us (level in 4 of 6
-seeds); the small pool alone: matmul 109.0 us but conv2d 469.9 and depthwise 32.0 (against
-397.1 and 21.1 with the large one, another run). Off by default: on whole ResNet-18 at 8
-trials per task (the first batch is all a task gets) it cost 2-4% in two paired runs
-(ONNX Runtime over ours 0.83x with it against 0.86x without; 0.81x against 0.83x).
+124.5 -> 111.5 us, conv2d 96ch 20x20 417.7 -> 405.1 us, depthwise 128ch 28x28 25.7 -> 26.6
+us (level in 4 of 6 seeds); the small pool alone: matmul 109.0 us but conv2d 469.9 and
+depthwise 32.0 (against 397.1 and 21.1 with the large one, another run). Off by default: on
+whole ResNet-18 at 8 trials per task (the first batch is all a task gets) it cost 2-4% in
+two paired runs (ONNX Runtime over ours 0.83x with it against 0.86x without; 0.81x against
+0.83x).
 
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds (they overlap the builds); the call then only re-scores the pool with the model that
