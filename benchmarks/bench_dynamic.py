@@ -6,7 +6,7 @@ TVM untuned, relax_tune (weights bound, tuned at the hinted sizes) and PyTorch e
         --hints n=1,16,64,256,1024 --trials-per-task 8 [--max-time 1800] [--omp-passive]
     python benchmarks/bench_dynamic.py --small --trials-per-task 1 --sizes 1 7 16   # smoke
 
-Models (``relax_tune.models``, random weights scaled by 1/sqrt(fan-in), batch 1, float32):
+Models (``relax_tune.testing.models``, random weights scaled by 1/sqrt(fan-in), batch 1, float32):
 - ``llama``: ``llama_block()``: d_model 512, 8 heads, SwiGLU 1536, RMSNorm, rotary
   embedding, causal attention (``--small``: d 64, 4 heads, 128).
 - ``bert``: ``bert_layer()``: BERT-base's layer, d 768, 12 heads, FFN 3072, GELU, post-norm
@@ -63,7 +63,7 @@ from bench_real_models import (calibrate, cpu_model, log, relax_tune_commit,  # 
 
 def make_model(name: str, small: bool):
     """``(mod, weights {name: array}, config)`` of a model with a symbolic length ``n``."""
-    from relax_tune import models
+    from relax_tune.testing import models
 
     if name == "llama":
         cfg = dict(dim=64, heads=4, hidden=128) if small else dict(dim=512, heads=8,
@@ -234,8 +234,8 @@ def bench_model(name: str, args, target, root: str) -> tuple[list[str], bool]:
 
     import relax_tune as rt
     from relax_tune.dynamic import parse_shape_hints
-    from relax_tune.prepare import bind_params
-    from relax_tune.shape_bounds import SimplifyBoundedShapes
+    from relax_tune.lowering.prepare import bind_params
+    from relax_tune.lowering.shape_bounds import SimplifyBoundedShapes
 
     hints = parse_shape_hints(args.hints)
     session = None

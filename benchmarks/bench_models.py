@@ -37,7 +37,7 @@ import tvm
 from tvm import relax
 
 import relax_tune as rt
-from relax_tune.models import MODELS, get_model, model_inputs, split_inputs
+from relax_tune.testing.models import MODELS, get_model, model_inputs, split_inputs
 
 
 def _import_tensor_intrin() -> None:

@@ -204,7 +204,7 @@ def make_model(name: str, small: bool):
 def relax_tune_graph_passes(target) -> list:
     """relax_tune's graph passes for ``target`` (batch norm folded into convolutions,
     channels-last convolutions on CPU, ...)."""
-    from relax_tune.prepare import graph_passes
+    from relax_tune.lowering.prepare import graph_passes
 
     return graph_passes(target)
 
@@ -255,7 +255,7 @@ def compile_untuned(mod, params, target):
     import tvm
     from tvm import relax
 
-    from relax_tune.prepare import bind_params
+    from relax_tune.lowering.prepare import bind_params
 
     with target:
         zero = relax.get_pipeline("zero")(bind_params(mod, params))
@@ -274,7 +274,7 @@ def compile_metaschedule(mod, params, target, work_dir: str, trials: int, per_ro
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
-    from relax_tune.prepare import bind_params
+    from relax_tune.lowering.prepare import bind_params
 
     with target:
         lowered = tvm.transform.Sequential([
@@ -301,7 +301,7 @@ def metaschedule_tasks(mod, params, target, same_graph: bool = False) -> int:
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
-    from relax_tune.prepare import bind_params
+    from relax_tune.lowering.prepare import bind_params
 
     with target:
         lowered = tvm.transform.Sequential([

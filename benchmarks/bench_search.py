@@ -30,7 +30,7 @@ from timing import interleaved, numpy_timer, trace_timer  # noqa: E402
 
 import relax_tune as rt  # noqa: E402
 from relax_tune.measure import LocalBuilder, LocalRunner  # noqa: E402
-from relax_tune.tune import BASELINE_KEY  # noqa: E402
+from relax_tune.tuning.tune import BASELINE_KEY  # noqa: E402
 from relax_tune.search import candidate_key  # noqa: E402
 from relax_tune.utils import FAILED_RUN_SECS, ensure_tvm_threads, normalize_mod  # noqa: E402
 

@@ -7,7 +7,7 @@
         --table benchmarks/corpus_tables/<cpu>_<mcpu>-c2_<date>_zoo.npz   # ... kept as a table
 
 Every workload of ``WORKLOADS`` (the correctness zoo's operators at several shapes, the
-tasks of ``relax_tune.models``, GEMM / convolution / attention shapes of common networks;
+tasks of ``relax_tune.testing.models``, GEMM / convolution / attention shapes of common networks;
 with ``--real-models resnet18 mobilenet_v2 bert vit`` the tasks of the PyTorch models of
 ``bench_real_models.py`` too, each task once) is
 tuned in its own work_dir, ``OUT/work/<workload>@<target tag>``: its first ``--random-trials``
@@ -57,10 +57,10 @@ from relax_tune.cost_model import FEATURE_VERSION, XGBModel, extract_features  #
 from relax_tune.cost_model.transfer import target_facts  # noqa: E402
 from relax_tune.database import JSONDatabase  # noqa: E402
 from relax_tune.database.records import is_baseline  # noqa: E402
-from relax_tune.extract import extract_tasks  # noqa: E402
+from relax_tune.tuning.extract import extract_tasks  # noqa: E402
 from relax_tune.measure import LocalRunner  # noqa: E402
 from relax_tune.search import candidate_key  # noqa: E402
-from relax_tune.tune import tune_tasks  # noqa: E402
+from relax_tune.tuning.tune import tune_tasks  # noqa: E402
 from relax_tune.utils import FAILED_RUN_SECS, normalize_mod, schedule_from_json  # noqa: E402
 
 logger = logging.getLogger("make_corpus")
@@ -162,9 +162,9 @@ def transpose(m, n):
 
 
 def _model_tasks(model: str) -> list[tuple[str, tvm.IRModule]]:
-    """The tasks of a ``relax_tune.models`` model as the "relax_tune" pipeline tunes them."""
-    from relax_tune.models import get_model, model_inputs, split_inputs
-    from relax_tune.prepare import lower_for_tuning
+    """The tasks of a ``relax_tune.testing.models`` model as the "relax_tune" pipeline tunes them."""
+    from relax_tune.testing.models import get_model, model_inputs, split_inputs
+    from relax_tune.lowering.prepare import lower_for_tuning
 
     mod, _ = get_model(model)
     _, params = split_inputs(mod, model_inputs(mod))
@@ -261,7 +261,7 @@ REAL_MODEL_NAMES = ("resnet18", "mobilenet_v2", "bert", "vit")
 
 def all_workloads(with_models: bool = True, real_models: tuple[str, ...] = (),
                   target=None) -> list[Workload]:
-    """``WORKLOADS`` plus the tasks of ``relax_tune.models`` and of the ``real_models``
+    """``WORKLOADS`` plus the tasks of ``relax_tune.testing.models`` and of the ``real_models``
     (``REAL_MODEL_NAMES``) for ``target``, each task once (models share layers) and held
     out when it computes a ``HELDOUT_OPS`` operator."""
     out = list(WORKLOADS)
@@ -395,7 +395,7 @@ def main() -> None:
     parser.add_argument("--target", default=None, help="target JSON (default: the host)")
     parser.add_argument("--only", default=None, help="regex on workload names")
     parser.add_argument("--no-models", action="store_true",
-                        help="leave out the tasks of relax_tune.models")
+                        help="leave out the tasks of relax_tune.testing.models")
     parser.add_argument("--real-models", nargs="*", default=[], choices=REAL_MODEL_NAMES,
                         metavar="MODEL", help="also the tasks of these real models of "
                         f"bench_real_models.py ({', '.join(REAL_MODEL_NAMES)}; needs PyTorch)")

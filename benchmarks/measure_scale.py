@@ -18,9 +18,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 from relax_tune import utils  # noqa: E402
-from relax_tune.extract import extract_tasks  # noqa: E402
+from relax_tune.tuning.extract import extract_tasks  # noqa: E402
 from relax_tune.measure import LocalBuilder, LocalRunner, RPCRunner  # noqa: E402
-from relax_tune.tune import tune_tasks  # noqa: E402
+from relax_tune.tuning.tune import tune_tasks  # noqa: E402
 from rpc_cluster import LocalRPCCluster  # noqa: E402
 from workloads import matmul_mod as matmul  # noqa: E402
 

@@ -60,7 +60,7 @@ def packed_kernel(scheduled: tvm.IRModule, target, args: list) -> tuple[tvm.runt
     once here, and only the kernel is left to time (as in a model, where the packing runs at
     compile time). ``args`` (``main``'s, outputs last) are not changed."""
     from relax_tune.measure.prepack import packed_args
-    from relax_tune.space.layout_rewrite import measurable_module
+    from relax_tune.space.cpu.layout_rewrite import measurable_module
 
     measured, plan = measurable_module(scheduled["main"])
     lib = tvm.compile(measured, target).mod

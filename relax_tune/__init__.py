@@ -12,7 +12,8 @@
 Importing the package registers the pipeline ``relax.get_pipeline("relax_tune", ...)``.
 """
 
-from . import database, dynamic, transform
+from . import database, transform
+from . import dynamic
 from .database import (
     Database,
     JSONDatabase,
@@ -23,11 +24,11 @@ from .database import (
     UnionDatabase,
     Workload,
 )
-from .extract import ExtractedTask, Task, extract_tasks
+from .tuning.extract import ExtractedTask, Task, extract_tasks
 from .model_loader import LoadedModel, load_model
 from .transform import ApplyDatabase, ExtractTasks, TuneIRMod, TuneTIR, relax_tune_pipeline
 from .report import TaskReport
-from .tune import tune_relax, tune_tasks, tune_tir
+from .tuning.tune import tune_relax, tune_tasks, tune_tir
 from .config import TuneConfig
 from .dynamic import parse_shape_hints
 from .utils import RelaxTuneError, host_target

@@ -191,6 +191,6 @@ def _cost_model_names() -> list[str]:
 
 
 def _scheduler_names() -> list[str]:
-    from .scheduler import scheduler_names
+    from .tuning.scheduler import scheduler_names
 
     return list(scheduler_names())

@@ -9,10 +9,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .extract import extract_tasks
-from .prepare import lower_for_tuning
+from .tuning.extract import extract_tasks
+from .lowering.prepare import lower_for_tuning
 from .report import TaskReport
-from .tune import tune_tasks
+from .tuning.tune import tune_tasks
 from .utils import parse_target
 
 

@@ -63,7 +63,7 @@ class LoadedModel:
     def lowered(self, target: Any = None, winograd: bool = True) -> tvm.IRModule:
         """The module with ``params`` bound, after the "relax_tune" pipeline's pre-tuning
         passes (``prepare.lower_for_tuning``): the module tasks are extracted from."""
-        from .prepare import lower_for_tuning
+        from .lowering.prepare import lower_for_tuning
 
         return lower_for_tuning(self.mod, target, dict(self.params) or None, winograd=winograd)
 

@@ -41,7 +41,7 @@ from .utils import RelaxTuneError, target_compatible
 from .work_dir import TASK_META_FILE, read_task_meta, write_task_meta  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
-    from .extract import Task
+    from .tuning.extract import Task
 
 logger = logging.getLogger("relax_tune.report")
 

@@ -22,14 +22,14 @@ from tvm import relax, tirx
 from .config import TuneConfig, make_config
 from .database import Database, is_baseline
 from . import dynamic
-from .dispatch_plan import read_plans, served_ranges
-from .dispatch_rank import bucket_records, ranking_for, read_rankings
-from .extract import Task, dynamic_base, dynamic_workloads, extract_tasks, upper_bounds
-from .prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
+from .dynamic.plan import read_plans, served_ranges
+from .dynamic.rank import bucket_records, ranking_for, read_rankings
+from .tuning.extract import Task, dynamic_base, dynamic_workloads, extract_tasks, upper_bounds
+from .lowering.prepare import (  # noqa: F401 (bind_params, lowering_passes: re-exported for scripts)
     backend_pipeline, bind_params, default_prepack, lower_for_tuning, lowering_passes)
 from .report import TaskReport
 from .search import candidate_key
-from .tune import tune_tasks
+from .tuning.tune import tune_tasks
 from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target
 from .work_dir import check_work_dir, hinted_sizes, open_for_apply
 

@@ -6,7 +6,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from relax_tune.models import model_inputs, split_inputs
+from relax_tune.testing.models import model_inputs, split_inputs
 
 
 def untuned_output(mod: tvm.IRModule, target, arrays) -> np.ndarray:

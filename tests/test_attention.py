@@ -12,9 +12,9 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 import relax_tune as rt
-from relax_tune import models
+from relax_tune.testing import models
 from relax_tune.space import space_for_target
-from relax_tune.space.attention import FusedAttention
+from relax_tune.space.cpu.attention import FusedAttention
 from relax_tune.space.generator import without_decisions
 from relax_tune.space.params import target_params
 

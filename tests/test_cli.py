@@ -11,9 +11,9 @@ import pytest
 import tvm
 from tvm import relax
 
-from relax_tune import cli
+from relax_tune.cli import main as cli
 from relax_tune.database import JSONDatabase, is_baseline
-from relax_tune.extract import extract_tasks
+from relax_tune.tuning.extract import extract_tasks
 from relax_tune.model_loader import load_model, parse_shape_dict
 from relax_tune.utils import RelaxTuneError
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from relax_tune import utils
-from relax_tune.extract import extract_tasks
+from relax_tune.tuning.extract import extract_tasks
 from relax_tune.measure import LocalBuilder, LocalRunner, RPCRunner, cross
-from relax_tune.tune import tune_tasks
+from relax_tune.tuning.tune import tune_tasks
 from relax_tune.utils import RelaxTuneError
 
 from rpc_cluster import LocalRPCCluster
@@ -129,7 +129,7 @@ def test_cli_compile_for_aarch64(tmp_path, capsys):
     import json
     import textwrap
 
-    from relax_tune import cli
+    from relax_tune.cli import main as cli
     from relax_tune.database import JSONDatabase
 
     model = tmp_path / "model.py"

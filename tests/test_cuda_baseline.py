@@ -14,13 +14,13 @@ import tvm_ffi
 from tvm import te, topi
 
 from relax_tune.database import BASELINE_TRACE, JSONDatabase, is_baseline
-from relax_tune.extract import extract_tasks
+from relax_tune.tuning.extract import extract_tasks
 from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.measure.baseline import baseline_module, uses_default_schedule
 from relax_tune.measure.verify import CorrectnessChecker
 from relax_tune.search import ReplaySearch
 from relax_tune.space.gpu import cuda_source, cuda_target, default_schedule_pass
-from relax_tune.tune import tune_tasks
+from relax_tune.tuning.tune import tune_tasks
 from relax_tune.utils import RelaxTuneError, normalize_mod
 
 HAS_GPU = tvm.cuda(0).exist

@@ -534,7 +534,7 @@ def test_metaschedule_style_subclass_answers_for_its_own_modules(mm):
 
 def test_metaschedule_style_subclass_tunes_and_applies(tmp_path, target):
     from relax_tune.transform import ApplyDatabase
-    from relax_tune.tune import tune_tir
+    from relax_tune.tuning.tune import tune_tir
 
     func = matmul(16)
     db = ListDatabase()

@@ -17,7 +17,7 @@ from tvm import te, tirx, topi
 import relax_tune as rt
 from relax_tune import dynamic
 from relax_tune.database import is_baseline
-from relax_tune.dispatch_plan import PLAN_FILE, read_plans, stretches
+from relax_tune.dynamic.plan import PLAN_FILE, read_plans, stretches
 from relax_tune.search import candidate_key
 from relax_tune.utils import RelaxTuneError, normalize_mod, structural_hash
 from relax_tune.work_dir import open_for_apply
@@ -77,7 +77,7 @@ def test_planning_is_resumed_not_repeated(planned, target, tmp_path, caplog):
     work = str(tmp_path / "work")
     shutil.copytree(planned, work)
     before = open(os.path.join(work, PLAN_FILE)).read()
-    with caplog.at_level(logging.INFO, logger="relax_tune.dispatch_plan"):
+    with caplog.at_level(logging.INFO, logger="relax_tune.dynamic.plan"):
         rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
                     shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0)
     assert "dispatch measured" not in caplog.text
@@ -126,7 +126,7 @@ def test_apply_database_follows_the_plan(planned, target, tmp_path, caplog):
 
     _write_ranges(work, [[1, 15, 64], [17, 32, None], [33, 63, 16]],
                   records={"16": "another record", "64": "another record"})
-    with caplog.at_level(logging.INFO, logger="relax_tune.dispatch_plan"), target:
+    with caplog.at_level(logging.INFO, logger="relax_tune.dynamic.plan"), target:
         out = rt.ApplyDatabase(work_dir=work)(tvm.IRModule({"main": symbolic_matmul()}))
     assert "measured with other records" in caplog.text
     nearest = dynamic.dispatch_function(base["main"], branches)
@@ -172,7 +172,7 @@ def test_a_malformed_plan_falls_back_to_the_nearest_bucket(planned, target, tmp_
     work = str(tmp_path / "work")
     shutil.copytree(planned, work)
     _write_ranges(work, [[1, 15], "nonsense"])
-    with caplog.at_level(logging.WARNING, logger="relax_tune.dispatch_plan"), target:
+    with caplog.at_level(logging.WARNING, logger="relax_tune.dynamic.plan"), target:
         apply = rt.ApplyDatabase(work_dir=work)
         out = apply(tvm.IRModule({"main": symbolic_matmul()}))
     assert "dispatch plan is malformed" in caplog.text

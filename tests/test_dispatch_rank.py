@@ -16,7 +16,7 @@ import tvm_ffi
 import relax_tune as rt
 from relax_tune import dynamic
 from relax_tune.database import is_baseline
-from relax_tune.dispatch_rank import RANKING_FILE, UNTUNED, read_rankings
+from relax_tune.dynamic.rank import RANKING_FILE, UNTUNED, read_rankings
 from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.search import candidate_key
 from relax_tune.utils import RelaxTuneError, args_info, normalize_mod, structural_hash
@@ -69,7 +69,7 @@ def test_ranking_is_resumed_not_repeated(tuned, target, tmp_path, caplog):
     work = str(tmp_path / "work")
     shutil.copytree(tuned, work)
     before = open(os.path.join(work, RANKING_FILE)).read()
-    with caplog.at_level(logging.INFO, logger="relax_tune.dispatch_rank"):
+    with caplog.at_level(logging.INFO, logger="relax_tune.dynamic.rank"):
         rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
                     shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0,
                     dispatch_ranking=3, dispatch_plan=False)

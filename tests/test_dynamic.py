@@ -18,8 +18,9 @@ from tvm.relax.frontend.nn import op
 from tvm.script import tirx as T
 
 import relax_tune as rt
-from relax_tune import dynamic, models
-from relax_tune.extract import dynamic_base
+from relax_tune import dynamic
+from relax_tune.testing import models
+from relax_tune.tuning.extract import dynamic_base
 from relax_tune.space import space_for_target, without_decisions
 from relax_tune.utils import RelaxTuneError, normalize_mod, trace_to_json
 
@@ -73,9 +74,9 @@ def test_bad_hints_stop_the_user_at_once(hints, message, tmp_path):
 
 
 def test_cli_dynamic_errors_exit_2(capsys):
-    from relax_tune import cli
+    from relax_tune.cli import main as cli
 
-    code = cli.main(["tune", "relax_tune.models:llama_block", "--work-dir", "unused",
+    code = cli.main(["tune", "relax_tune.testing.models:llama_block", "--work-dir", "unused",
                      "--trials", "1", "--dynamic", "n=1,sixteen"])
     assert code == 2
     err = capsys.readouterr().err
@@ -652,7 +653,7 @@ def test_llama_rope_reads_only_inside_its_tensor():
 def test_reduced_decoder_and_encoder_through_the_pipeline(name, target, tmp_path):
     """The reduced Llama-style block and BERT-style layer tuned through the pipeline (hints
     {16, 64}, one trial per task) match TVM's untuned build at 1, 13, 64 and 65."""
-    from relax_tune.prepare import bind_params
+    from relax_tune.lowering.prepare import bind_params
 
     mod, params = getattr(models, name)(dim=32, heads=2, hidden=64)
     rng = np.random.default_rng(0)

@@ -12,7 +12,7 @@ import pytest
 from tvm import te
 
 from relax_tune.cost_model import PriorXGBModel, XGBModel, cost_model_dir
-from relax_tune.extract import extract_tasks
+from relax_tune.tuning.extract import extract_tasks
 from relax_tune.measure import LocalBuilder
 from relax_tune.search import (EvolutionarySearch, ReplaySearch, SearchContext, make_search,
                                search_names)
@@ -21,7 +21,7 @@ from relax_tune.search.mutators import (MutateCategorical, MutateParallel, Mutat
                                         MutateUnroll)
 from relax_tune.space import (check_decision, sampling_instructions, sketch_part,
                               space_for_target, validate_decisions)
-from relax_tune.tune import BASELINE_KEY, tune_tasks
+from relax_tune.tuning.tune import BASELINE_KEY, tune_tasks
 from relax_tune.utils import normalize_mod, structural_hash
 
 

@@ -9,7 +9,7 @@ from tvm.script import tirx as T
 
 import relax_tune as rt
 from relax_tune.demo import demo_model
-from relax_tune.extract import call_tir_counts
+from relax_tune.tuning.extract import call_tir_counts
 
 
 def test_demo_tasks_names_and_weights(demo, target):

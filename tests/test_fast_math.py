@@ -10,7 +10,7 @@ import tvm_ffi
 from tvm import te, tirx
 
 import relax_tune as rt
-from relax_tune.fast_math import FastMath, fast_math_func
+from relax_tune.lowering.fast_math import FastMath, fast_math_func
 
 _REFS = {
     "exp": np.exp,

@@ -22,11 +22,11 @@ from tvm.script import tirx as T
 
 from relax_tune import utils
 from relax_tune.database import JSONDatabase, TuningRecord
-from relax_tune.extract import extract_tasks
+from relax_tune.tuning.extract import extract_tasks
 from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.measure.verify import WRONG_RESULT, CorrectnessChecker, compare_outputs
 from relax_tune.search import candidate_key
-from relax_tune.tune import BASELINE_KEY, tune_tasks
+from relax_tune.tuning.tune import BASELINE_KEY, tune_tasks
 
 from workloads import matmul_mod
 
@@ -186,10 +186,10 @@ _TUNER = textwrap.dedent("""
     from tvm import te
     from relax_tune import utils
     from relax_tune.database import JSONDatabase
-    from relax_tune.extract import extract_tasks
+    from relax_tune.tuning.extract import extract_tasks
     from relax_tune.measure import LocalBuilder, LocalRunner
     from relax_tune.search import candidate_key
-    from relax_tune.tune import tune_tasks
+    from relax_tune.tuning.tune import tune_tasks
 
     work, n, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     A = te.placeholder((n, n), "float32", name="A"); B = te.placeholder((n, n), "float32", name="B")

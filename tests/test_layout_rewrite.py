@@ -12,9 +12,9 @@ from tvm import relax, te, topi
 import relax_tune as rt
 from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.measure import prepack
-from relax_tune.models import get_model, model_inputs, split_inputs
+from relax_tune.testing.models import get_model, model_inputs, split_inputs
 from relax_tune.search import ReplaySearch
-from relax_tune.space.layout_rewrite import (PREPROC_ANNOTATION, has_layout_rewrite,
+from relax_tune.space.cpu.layout_rewrite import (PREPROC_ANNOTATION, has_layout_rewrite,
                                              split_layout_rewrite)
 from relax_tune.utils import args_info, normalize_mod
 

@@ -7,7 +7,7 @@ from tvm import relax, tirx
 
 import relax_tune as rt
 from relax_tune.demo import run_demo
-from relax_tune.models import MODELS, get_model, model_inputs, split_inputs
+from relax_tune.testing.models import MODELS, get_model, model_inputs, split_inputs
 
 from model_checks import assert_lifted_weights_swappable, untuned_output
 

@@ -14,10 +14,10 @@ from tvm.s_tir import Schedule
 
 from relax_tune import report
 from relax_tune.database import JSONDatabase, TuningRecord
-from relax_tune.db_tools import export_database, merge_databases, prune_database
-from relax_tune.extract import extract_tasks
+from relax_tune.cli.db_tools import export_database, merge_databases, prune_database
+from relax_tune.tuning.extract import extract_tasks
 from relax_tune.database import BASELINE_TRACE
-from relax_tune.tune import tune_tasks
+from relax_tune.tuning.tune import tune_tasks
 from relax_tune.utils import FAILED_RUN_SECS, normalize_mod, trace_to_json
 
 
@@ -113,7 +113,7 @@ def test_tuning_table_of_a_session(target):
     """A session's TaskReports (relax_tune.report) and the tuning table the bar and the CLI
     print: what is applied, the weighted latencies and their sum."""
     import relax_tune
-    import relax_tune.tune
+    import relax_tune.tuning.tune
 
     assert relax_tune.TaskReport is relax_tune.tune.TaskReport is report.TaskReport
     task = extract_tasks(_matmul_relu(), target)[0]

@@ -14,9 +14,9 @@ import pytest
 
 from relax_tune import utils
 from relax_tune.database import JSONDatabase
-from relax_tune.extract import extract_tasks
+from relax_tune.tuning.extract import extract_tasks
 from relax_tune.measure import LocalBuilder, LocalRunner, RPCRunner, parse_rpc_spec
-from relax_tune.tune import tune_tasks
+from relax_tune.tuning.tune import tune_tasks
 from relax_tune.utils import RelaxTuneError
 
 from rpc_cluster import LocalRPCCluster, free_port
@@ -224,7 +224,7 @@ def test_no_server_under_key_fails_candidates_in_bounded_time(cluster, builder, 
 
 
 def test_cli_rpc_spec_makes_a_working_runner(cluster, builder, target):
-    from relax_tune import cli
+    from relax_tune.cli import main as cli
 
     make = cli.make_rpc_runner
     mod = matmul_mod(16)

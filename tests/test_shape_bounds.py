@@ -9,7 +9,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from relax_tune.shape_bounds import SimplifyBoundedShapes
+from relax_tune.lowering.shape_bounds import SimplifyBoundedShapes
 
 
 @I.ir_module

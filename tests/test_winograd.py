@@ -9,8 +9,8 @@ import tvm
 from tvm import relax
 
 import relax_tune
-from relax_tune.prepare import lower_for_tuning
-from relax_tune.winograd import WinogradConvolutions, transform_matrices, transformed_weight
+from relax_tune.lowering.prepare import lower_for_tuning
+from relax_tune.lowering.winograd import WinogradConvolutions, transform_matrices, transformed_weight
 
 
 def conv_mod(shape, weight, stride=1, padding=1, groups=1, layout="NHWC"):

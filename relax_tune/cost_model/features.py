@@ -26,7 +26,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import Schedule
 
-from ..space.layout_rewrite import PREPROC_ANNOTATION
+from ..space.cpu.layout_rewrite import PREPROC_ANNOTATION
 
 logger = logging.getLogger("relax_tune.cost_model")
 

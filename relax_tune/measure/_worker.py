@@ -24,7 +24,7 @@ import tvm
 from .. import dynamic
 from ..database import is_baseline
 from ..space.gpu.compile import ensure_cuda_compiler
-from ..space.layout_rewrite import measurable_module
+from ..space.cpu.layout_rewrite import measurable_module
 from ..utils import ensure_tvm_threads, schedule_from_json
 from . import cross, prepack
 from .base import short_error

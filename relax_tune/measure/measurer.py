@@ -44,7 +44,7 @@ from .head_to_head import DEFAULT_ROUNDS, head_to_head
 from .verify import CorrectnessChecker
 
 if TYPE_CHECKING:
-    from ..extract import Task
+    from ..tuning.extract import Task
 
 logger = logging.getLogger("relax_tune.measure.measurer")
 

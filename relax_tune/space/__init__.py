@@ -22,7 +22,7 @@ from . import analysis, cpu, gpu
 from .generator import (Replayed, SpaceGenerator, empty_trace, register_space, sketch_part,
                         space_for_target, without_decisions)
 from .inline import AutoInline
-from .multi_level_tiling import LimitRegisterTile, MultiLevelTiling
+from .cpu.multi_level_tiling import LimitRegisterTile, MultiLevelTiling
 from .parallel_vectorize_unroll import ParallelVectorizeUnroll, RewriteParallelVectorizeUnroll
 from .params import TargetParams, target_params
 from .postproc import RewriteReductionBlock

@@ -18,12 +18,12 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .attention import FuseAttention
+from .attention_fusion import FuseAttention
 from .fast_math import FastMath
 from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul
 from .shape_bounds import SimplifyBoundedShapes
 from .winograd import WinogradConvolutions
-from .utils import RelaxTuneError, parse_target
+from ..utils import RelaxTuneError, parse_target
 
 
 def bind_params(mod: tvm.IRModule, params: dict) -> tvm.IRModule:

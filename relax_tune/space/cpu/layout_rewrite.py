@@ -27,10 +27,10 @@ from tvm import tirx
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule.analysis import suggest_index_map
 
-from . import analysis as A
-from .rule import Postproc
+from .. import analysis as A
+from ..rule import Postproc
 
-logger = logging.getLogger("relax_tune.space")
+logger = logging.getLogger(__name__)
 
 #: The block annotation TVM's SplitLayoutRewritePreproc and RemoveWeightLayoutRewriteBlock
 #: look for (a plain string: nothing of MetaSchedule's is imported).

@@ -9,12 +9,12 @@ import logging
 import os
 from collections.abc import Sequence
 
-from .database import Database, TuningRecord, is_baseline
-from .report import WorkloadSummary, short_target, summarize
-from .search import candidate_key
-from .utils import RelaxTuneError
+from ..database import Database, TuningRecord, is_baseline
+from ..report import WorkloadSummary, short_target, summarize
+from ..search import candidate_key
+from ..utils import RelaxTuneError
 
-logger = logging.getLogger("relax_tune.db_tools")
+logger = logging.getLogger(__name__)
 
 
 def _record_identity(record: TuningRecord) -> tuple[str, str]:

@@ -9,9 +9,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .report import format_tuning_table
+from ..report import format_tuning_table
 
-logger = logging.getLogger("relax_tune.tune")
+logger = logging.getLogger(__name__)
 
 
 class Progress:

@@ -39,9 +39,9 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlock, SBlockRealize, Schedule, Trace
 
-from .utils import RelaxTuneError, trace_to_json
+from ..utils import RelaxTuneError, trace_to_json
 
-logger = logging.getLogger("relax_tune.dynamic")
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SIZE = 1024
 """Largest default hinted size of a symbolic dimension without an upper-bound annotation."""

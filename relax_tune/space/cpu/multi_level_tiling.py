@@ -10,12 +10,12 @@ import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-from . import analysis as A
+from .. import analysis as A
 from .operand_packing import packable_reads
-from .params import ANN_PACK, ANN_TILED, TargetParams
-from .rule import Postproc, ScheduleRule
+from ..params import ANN_PACK, ANN_TILED, TargetParams
+from ..rule import Postproc, ScheduleRule
 
-logger = logging.getLogger("relax_tune.space")
+logger = logging.getLogger(__name__)
 
 
 @dataclass

@@ -13,7 +13,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .utils import RelaxTuneError
+from ..utils import RelaxTuneError
 
 
 @dataclass

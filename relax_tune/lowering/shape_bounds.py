@@ -25,7 +25,7 @@ import tvm
 from tvm import relax
 from tvm.sym import Analyzer, ConstIntBound
 
-logger = logging.getLogger("relax_tune.shape_bounds")
+logger = logging.getLogger(__name__)
 
 _BOUND_ATTRS = ("tir_var_lower_bound", "tir_var_upper_bound")
 

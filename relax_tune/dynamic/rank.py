@@ -25,13 +25,13 @@ from typing import Any
 
 import tvm
 
-from . import dynamic
-from .database import Database, is_baseline
-from .search import candidate_key
-from .utils import args_info, normalize_mod, structural_hash
-from .work_dir import read_json_entries, write_json
+from .. import dynamic
+from ..database import Database, is_baseline
+from ..search import candidate_key
+from ..utils import args_info, normalize_mod, structural_hash
+from ..work_dir import read_json_entries, write_json
 
-logger = logging.getLogger("relax_tune.dispatch_rank")
+logger = logging.getLogger(__name__)
 
 RANKING_FILE = "dispatch_ranking.json"
 """Per work_dir: each ranked record of each dynamic-shape bucket and its time as dispatched."""

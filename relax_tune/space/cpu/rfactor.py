@@ -8,11 +8,11 @@ import logging
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import SBlockRV
 
-from . import analysis as A
-from .params import TargetParams
-from .rule import ScheduleRule
+from .. import analysis as A
+from ..params import TargetParams
+from ..rule import ScheduleRule
 
-logger = logging.getLogger("relax_tune.space")
+logger = logging.getLogger(__name__)
 
 
 class AddRFactor(ScheduleRule):

@@ -47,7 +47,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from .graph import _constant, _rewrite_functions
 
-logger = logging.getLogger("relax_tune.winograd")
+logger = logging.getLogger(__name__)
 
 TILE = 4
 """Output tile size m of F(m x m, 3 x 3)."""

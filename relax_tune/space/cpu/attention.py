@@ -20,11 +20,11 @@ import logging
 
 from tvm.s_tir import Schedule
 
-from . import analysis as A
-from .params import ANN_TILED, TargetParams
-from .rule import FunctionRule
+from .. import analysis as A
+from ..params import ANN_TILED, TargetParams
+from ..rule import FunctionRule
 
-logger = logging.getLogger("relax_tune.space")
+logger = logging.getLogger(__name__)
 
 SOFTMAX_BLOCKS = ("T_softmax_maxelem", "T_softmax_exp", "T_softmax_expsum", "T_softmax_norm")
 """The blocks ``LegalizeOps`` makes of a softmax, in order."""

@@ -24,12 +24,12 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import Schedule
 
-from . import analysis as A
+from .. import analysis as A
 from .layout_rewrite import layout_free_buffers, pack_buffer
-from .params import ANN_PACK, TargetParams
-from .rule import Postproc
+from ..params import ANN_PACK, TargetParams
+from ..rule import Postproc
 
-logger = logging.getLogger("relax_tune.space")
+logger = logging.getLogger(__name__)
 
 
 MIN_REUSE = 16

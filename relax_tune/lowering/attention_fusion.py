@@ -31,7 +31,7 @@ from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 
 from .graph import _rewrite_functions
 
-logger = logging.getLogger("relax_tune.attention")
+logger = logging.getLogger(__name__)
 
 PATTERN_NAME = "relax_tune.attention"
 """The ``Composite`` name of the fused attention functions."""

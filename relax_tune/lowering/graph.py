@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.ir import GenericConst
 from tvm.relax.dpl import is_op, is_tuple_get_item, rewrite_call, wildcard
 
-logger = logging.getLogger("relax_tune.graph")
+logger = logging.getLogger(__name__)
 
 
 def _constant(expr: relax.Expr) -> np.ndarray | None:

@@ -15,8 +15,8 @@ import tvm
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from .demo import demo_model
-from .utils import RelaxTuneError
+from ..demo import demo_model
+from ..utils import RelaxTuneError
 
 
 def conv_net(batch: int = 1, channels: int = 16, size: int = 16) -> tuple[tvm.IRModule, list]:

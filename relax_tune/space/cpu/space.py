@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import tvm
 
-from .generator import SpaceGenerator, register_space
-from .inline import AutoInline
+from ..generator import SpaceGenerator, register_space
+from ..inline import AutoInline
 from .multi_level_tiling import LimitRegisterTile, MultiLevelTiling
-from .parallel_vectorize_unroll import ParallelVectorizeUnroll, RewriteParallelVectorizeUnroll
-from .params import TargetParams
+from ..parallel_vectorize_unroll import ParallelVectorizeUnroll, RewriteParallelVectorizeUnroll
+from ..params import TargetParams
 from .layout_rewrite import RewriteLayout
 from .operand_packing import PackOperands
-from .postproc import RewriteReductionBlock
+from ..postproc import RewriteReductionBlock
 from .attention import FusedAttention
-from .compute_location import RandomComputeLocation
+from ..compute_location import RandomComputeLocation
 from .rfactor import AddRFactor
-from .rule import FunctionRule, Postproc, ScheduleRule
+from ..rule import FunctionRule, Postproc, ScheduleRule
 
 
 def cpu_rules(params: TargetParams) -> list[ScheduleRule]:

@@ -10,9 +10,9 @@ import sys
 import time
 from typing import Any
 
-from .utils import RelaxTuneError, host_target, parse_target
+from ..utils import RelaxTuneError, host_target, parse_target
 
-logger = logging.getLogger("relax_tune.cli")
+logger = logging.getLogger(__name__)
 
 _MODEL_HELP = ("an ONNX file (model.onnx; needs the onnx extra), a torch.export archive "
                "(model.pt2; needs the torch extra) or file.py:function / "
@@ -46,7 +46,7 @@ def _split_names(values: list[str] | None) -> list[str] | None:
 
 def make_rpc_runner(text: str) -> Any:
     """An RPC runner for ``--rpc host:port:key`` (``relax_tune.measure.RPCRunner``)."""
-    from .measure import RPCRunner, parse_rpc_spec
+    from ..measure import RPCRunner, parse_rpc_spec
 
     tracker, key = parse_rpc_spec(text)
     return RPCRunner(tracker, key)
@@ -54,7 +54,7 @@ def make_rpc_runner(text: str) -> Any:
 
 def _dynamic_hints(args: argparse.Namespace):
     """``--dynamic n=1,16,64`` (repeatable) as shape hints, or None."""
-    from .dynamic import parse_shape_hints
+    from ..dynamic import parse_shape_hints
 
     values = getattr(args, "dynamic", None)
     return parse_shape_hints(values) if values else None
@@ -62,7 +62,7 @@ def _dynamic_hints(args: argparse.Namespace):
 
 def _tune_config(args: argparse.Namespace):
     """The tuning session the command line asks for (``relax_tune.TuneConfig``)."""
-    from .config import make_config
+    from ..config import make_config
 
     wanted = {"max_trials_global": args.trials, "max_trials_per_task": args.trials_per_task,
               "max_time": args.max_time, "task_scheduler": args.scheduler,
@@ -74,16 +74,16 @@ def _tune_config(args: argparse.Namespace):
 
 # ---------------------------------------------------------------------------- tune
 def _task_table(reports: list) -> str:
-    from .report import format_tuning_table
+    from ..report import format_tuning_table
 
     return format_tuning_table(reports)
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .extract import extract_tasks
-    from .model_loader import load_model, parse_shape_dict
-    from .tune import tune_tasks
-    from .work_dir import check_work_dir
+    from ..tuning.extract import extract_tasks
+    from ..model_loader import load_model, parse_shape_dict
+    from ..tuning.tune import tune_tasks
+    from ..work_dir import check_work_dir
 
     config = _tune_config(args)
     check_work_dir(args.work_dir)
@@ -125,11 +125,11 @@ def _tune(args: argparse.Namespace) -> int:
 def _compile(args: argparse.Namespace) -> int:
     import tvm
 
-    from .database import is_baseline
-    from .extract import extract_tasks
-    from .measure import cross
-    from .model_loader import load_model, parse_shape_dict
-    from .report import open_work_dir
+    from ..database import is_baseline
+    from ..tuning.extract import extract_tasks
+    from ..measure import cross
+    from ..model_loader import load_model, parse_shape_dict
+    from ..report import open_work_dir
 
     target = parse_target(_target_arg(args.target))
     mode = cross.link_mode(target)  # a target of another ISA: its cross compiler links
@@ -163,7 +163,7 @@ def _db_target(args: argparse.Namespace) -> dict | None:
 
 
 def _db_show(args: argparse.Namespace) -> int:
-    from .report import format_table, open_work_dir, read_task_meta, summarize
+    from ..report import format_table, open_work_dir, read_task_meta, summarize
 
     db = open_work_dir(args.work_dir)
     summaries = summarize(db, read_task_meta(args.work_dir), _db_target(args))
@@ -173,9 +173,9 @@ def _db_show(args: argparse.Namespace) -> int:
 
 
 def _db_merge(args: argparse.Namespace) -> int:
-    from .database import JSONDatabase
+    from ..database import JSONDatabase
     from .db_tools import merge_databases
-    from .report import open_work_dir, read_task_meta, write_task_meta
+    from ..report import open_work_dir, read_task_meta, write_task_meta
 
     sources = [open_work_dir(d) for d in args.sources]
     dest = JSONDatabase(work_dir=args.output)
@@ -201,9 +201,9 @@ def _merge_meta(sources, output, read_meta, write_meta) -> None:
 
 
 def _db_prune(args: argparse.Namespace) -> int:
-    from .database import JSONDatabase
+    from ..database import JSONDatabase
     from .db_tools import prune_database
-    from .report import open_work_dir, read_task_meta, write_task_meta
+    from ..report import open_work_dir, read_task_meta, write_task_meta
 
     if os.path.abspath(args.output) == os.path.abspath(args.work_dir):
         raise RelaxTuneError("prune writes a new work_dir: give -o a directory other than "
@@ -223,7 +223,7 @@ def _db_prune(args: argparse.Namespace) -> int:
 
 def _db_export(args: argparse.Namespace) -> int:
     from .db_tools import export_database
-    from .report import open_work_dir, read_task_meta
+    from ..report import open_work_dir, read_task_meta
 
     fmt = args.format or ("csv" if args.output.lower().endswith(".csv") else "json")
     n = export_database(open_work_dir(args.work_dir), args.output, fmt,
@@ -235,12 +235,12 @@ def _db_export(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- report, demo
 def _report(args: argparse.Namespace) -> int:
-    from .report import task_meta_from_tasks, write_report
+    from ..report import task_meta_from_tasks, write_report
 
     meta = None
     if args.model:
-        from .extract import extract_tasks
-        from .model_loader import load_model
+        from ..tuning.extract import extract_tasks
+        from ..model_loader import load_model
 
         target = parse_target(_target_arg(args.target))
         meta = task_meta_from_tasks(extract_tasks(load_model(args.model).lowered(target),
@@ -253,7 +253,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ..demo import run_demo
 
     result = run_demo(args.work_dir, max_trials_global=args.trials,
                       target=_target_arg(args.target))

@@ -31,16 +31,16 @@ from typing import Any
 
 import tvm
 
-from . import dynamic
-from .database import Database, is_baseline
-from .dispatch_rank import (BUCKET_ALTERNATIVES, bucket_records, ranking_for,
+from .. import dynamic
+from ..database import Database, is_baseline
+from .rank import (BUCKET_ALTERNATIVES, bucket_records, ranking_for,
                             read_rankings)
-from .measure.head_to_head import head_to_head
-from .search import candidate_key
-from .utils import args_info, normalize_mod, structural_hash
-from .work_dir import read_json_entries, write_json
+from ..measure.head_to_head import head_to_head
+from ..search import candidate_key
+from ..utils import args_info, normalize_mod, structural_hash
+from ..work_dir import read_json_entries, write_json
 
-logger = logging.getLogger("relax_tune.dispatch_plan")
+logger = logging.getLogger(__name__)
 
 PLAN_FILE = "dispatch_plan.json"
 """Per work_dir: the measured dispatch of each dynamic-shape function."""

@@ -18,20 +18,20 @@ from dataclasses import dataclass, field
 
 import tvm
 
-from .config import TuneConfig, make_config
-from .cost_model import make_cost_model
-from .database import BASELINE_TRACE, Database, TuningRecord, is_baseline
+from ..config import TuneConfig, make_config
+from ..cost_model import make_cost_model
+from ..database import BASELINE_TRACE, Database, TuningRecord, is_baseline
 from .extract import Task, extract_tasks
-from .measure import BuildResult, LocalBuilder, LocalRunner, Measured, Measurer, RunResult
-from .measure.measurer import Incumbent
+from ..measure import BuildResult, LocalBuilder, LocalRunner, Measured, Measurer, RunResult
+from ..measure.measurer import Incumbent
 from .progress import Progress
-from .report import TaskReport
+from ..report import TaskReport
 from .scheduler import TaskProgress, make_scheduler
-from .search import Candidate, SearchContext, SearchStrategy, candidate_key, make_search
-from .utils import parse_target
-from .work_dir import check_work_dir, cost_model_dir, logs_dir, open_database, write_task_meta
+from ..search import Candidate, SearchContext, SearchStrategy, candidate_key, make_search
+from ..utils import parse_target
+from ..work_dir import check_work_dir, cost_model_dir, logs_dir, open_database, write_task_meta
 
-logger = logging.getLogger("relax_tune.tune")
+logger = logging.getLogger(__name__)
 
 BASELINE_KEY = candidate_key(BASELINE_TRACE)
 """The candidate key of the baseline record (``database.BASELINE_TRACE``)."""
@@ -229,7 +229,7 @@ def _rank_dispatch(tasks: Sequence[Task], db: Database, measurer: Measurer, work
                    per_bucket: int, deadline: float | None) -> None:
     """Rank the dynamic-shape buckets' records as dispatched (``dispatch_rank``); a failure
     there is logged and leaves the records as they are."""
-    from .dispatch_rank import rank_buckets
+    from ..dynamic.rank import rank_buckets
 
     try:
         rank_buckets(tasks, db, measurer, work_dir, per_bucket, deadline)
@@ -242,7 +242,7 @@ def _plan_dispatch(tasks: Sequence[Task], db: Database, measurer: Measurer, work
                    deadline: float | None) -> None:
     """Measure which bucket serves which sizes (``dispatch_plan``); a failure there is logged
     and leaves each size to its nearest bucket."""
-    from .dispatch_plan import plan_dispatch
+    from ..dynamic.plan import plan_dispatch
 
     try:
         plan_dispatch(tasks, db, measurer, work_dir, deadline)
@@ -413,7 +413,7 @@ def _symbolic_screen(task: Task, cands: list[Candidate]
     """A bucket of a symbolic function: split the candidates into those whose schedule
     replays on the symbolic function (what ``ApplyDatabase`` will run) and those that do
     not, with why; the latter are recorded as failed without being built."""
-    from .dynamic import replay_symbolic
+    from ..dynamic import replay_symbolic
 
     usable, unusable = [], []
     for cand in cands:

@@ -12,12 +12,12 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.s_tir import analysis as s_analysis
 
-from . import dynamic
-from .prepare import bind_and_fold, bind_params  # noqa: F401 (bind_params re-exported)
-from .utils import (RelaxTuneError, args_info, dynamic_shape_vars, normalize_mod, parse_target,
+from .. import dynamic
+from ..lowering.prepare import bind_and_fold, bind_params  # noqa: F401 (bind_params re-exported)
+from ..utils import (RelaxTuneError, args_info, dynamic_shape_vars, normalize_mod, parse_target,
                     structural_hash)
 
-logger = logging.getLogger("relax_tune.extract")
+logger = logging.getLogger(__name__)
 
 _CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_tir_with_grad")
 
