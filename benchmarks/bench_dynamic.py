@@ -2,9 +2,9 @@
 compiled ONCE with a symbolic sequence length and run at several lengths, side by side:
 TVM untuned, relax_tune (weights bound, tuned at the hinted sizes) and PyTorch eager.
 
-    python benchmarks/bench_dynamic.py --models llama bert --sizes 1 16 128 512 300 \\
+    python -m benchmarks.bench_dynamic --models llama bert --sizes 1 16 128 512 300 \\
         --hints n=1,16,64,256,1024 --trials-per-task 8 [--max-time 1800] [--omp-passive]
-    python benchmarks/bench_dynamic.py --small --trials-per-task 1 --sizes 1 7 16   # smoke
+    python -m benchmarks.bench_dynamic --small --trials-per-task 1 --sizes 1 7 16   # smoke
 
 Models (``relax_tune.testing.models``, random weights scaled by 1/sqrt(fan-in), batch 1, float32):
 - ``llama``: ``llama_block()``: d_model 512, 8 heads, SwiGLU 1536, RMSNorm, rotary
@@ -53,12 +53,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 # the real-model benchmark's helpers: progress lines, the machine and commit, one round of calls
-from bench_real_models import (calibrate, cpu_model, log, relax_tune_commit,  # noqa: E402
-                               set_torch_threads, time_once)
+from benchmarks.bench_real_models import (calibrate, cpu_model, log, relax_tune_commit,
+                                          set_torch_threads, time_once)
 
 
 def make_model(name: str, small: bool):
@@ -368,7 +365,6 @@ def main() -> int:
     import torch
 
     set_torch_threads(torch, threads)
-    sys.path.insert(0, ROOT)
     import tvm
 
     import relax_tune as rt

@@ -1,7 +1,7 @@
 """Tune single kernels and the demo model with relax_tune and print them next to numpy/OpenBLAS,
 the untuned build and (optionally) MetaSchedule, all measured in this one invocation.
 
-    python benchmarks/bench_kernels.py --workload matmul conv2d demo --trials 64 256 \
+    python -m benchmarks.bench_kernels --workload matmul conv2d demo --trials 64 256 \
         --metaschedule 64 [--prepack]
 
 Rows: ``numpy/OpenBLAS`` (the reference), ``untuned`` (the function as lowered), ``relax_tune``
@@ -35,8 +35,9 @@ import tvm
 from tvm import te, topi
 
 import relax_tune as rt
-from timing import interleaved, kernel_timer, numpy_timer, packed_kernel
 from relax_tune.utils import ensure_tvm_threads, normalize_mod
+
+from benchmarks.timing import interleaved, kernel_timer, numpy_timer, packed_kernel
 
 WEIGHT_ARG = {"matmul": 1, "conv2d": 1}
 """The argument of each kernel workload that is a model weight (``--prepack``)."""

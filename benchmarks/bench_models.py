@@ -1,8 +1,8 @@
 """Whole-model latency: the untuned build, TVM's static_shape_tuning pipeline (MetaSchedule)
 and the "relax_tune" pipeline at equal trials, all compiled and timed in this one run.
 
-    python benchmarks/bench_models.py --models mlp conv_net transformer_block --trials 64
-    python benchmarks/bench_models.py --models mlp --trials 256
+    python -m benchmarks.bench_models --models mlp conv_net transformer_block --trials 64
+    python -m benchmarks.bench_models --models mlp --trials 256
 
 Rows per model and trial count:
 - ``untuned``: ``relax.get_pipeline("zero")`` then ``tvm.compile`` (weights are inputs).

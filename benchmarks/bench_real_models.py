@@ -1,9 +1,9 @@
 """Real models side by side: PyTorch eager, ONNX Runtime, TVM untuned, MetaSchedule and the
 "relax_tune" pipeline at several trial budgets, all built, checked and timed in one run.
 
-    python benchmarks/bench_real_models.py --models resnet18 mobilenet_v2 bert vit \\
+    python -m benchmarks.bench_real_models --models resnet18 mobilenet_v2 bert vit \\
         --trials-per-task 1 8 32 [--max-time 600] [--metaschedule] [--per-task]
-    python benchmarks/bench_real_models.py --small --models mobilenet_v2 --trials 8   # smoke
+    python -m benchmarks.bench_real_models --small --models mobilenet_v2 --trials 8   # smoke
 
 Models (random weights, batch 1, float32; ``--small`` shrinks the inputs for a quick run):
 - ``resnet18``, ``mobilenet_v2``: torchvision, 1x3x224x224 (small: 64x64).
@@ -696,7 +696,6 @@ def main() -> int:
     import torch
 
     set_torch_threads(torch, threads)
-    sys.path.insert(0, ROOT)
     import tvm
 
     import relax_tune as rt

@@ -1,7 +1,7 @@
 """Search efficiency: evolutionary+xgb vs replay vs MetaSchedule, same trial budget, one run.
 
-    python benchmarks/bench_search.py --workload matmul conv2d --trials 128
-    python benchmarks/bench_search.py --workload matmul --trials 64 --no-ms
+    python -m benchmarks.bench_search --workload matmul conv2d --trials 128
+    python -m benchmarks.bench_search --workload matmul --trials 64 --no-ms
 
 For each workload and tuner it prints the best latency after 32/64/128 trials (each best
 kernel re-timed here after all tuners ran, interleaved round by round with numpy and the
@@ -17,22 +17,20 @@ import argparse
 import json
 import logging
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 import tvm
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernels import WORKLOADS  # noqa: E402  (same workload definitions)
-from timing import interleaved, numpy_timer, trace_timer  # noqa: E402
+import relax_tune as rt
+from relax_tune.measure import LocalBuilder, LocalRunner
+from relax_tune.tuning.tune import BASELINE_KEY
+from relax_tune.database import candidate_key
+from relax_tune.utils import FAILED_RUN_SECS, ensure_tvm_threads, normalize_mod
 
-import relax_tune as rt  # noqa: E402
-from relax_tune.measure import LocalBuilder, LocalRunner  # noqa: E402
-from relax_tune.tuning.tune import BASELINE_KEY  # noqa: E402
-from relax_tune.search import candidate_key  # noqa: E402
-from relax_tune.utils import FAILED_RUN_SECS, ensure_tvm_threads, normalize_mod  # noqa: E402
+from benchmarks.bench_kernels import WORKLOADS  # the same workload definitions
+from benchmarks.timing import interleaved, numpy_timer, trace_timer
 
 
 class TimedBuilder(LocalBuilder):

@@ -1,6 +1,6 @@
 """Write a 100k-record JSON database (10 matmul workloads, replay-search traces) once into DIR and time loading it.
 
-    python benchmarks/db_load.py DIR   (N=100000 by default; set N in the environment)
+    python -m benchmarks.db_load DIR   (N=100000 by default; set N in the environment)
 """
 import os, sys, time, json, tempfile, random
 from tvm import te

@@ -2,27 +2,23 @@
 127.0.0.1), and how much a concurrent build disturbs a local timing (why builds are not
 overlapped with local measurement). Prints medians and ratios; run with the machine's load noted.
 
-    python benchmarks/measure_scale.py [--trials 24]
+    python -m benchmarks.measure_scale [--trials 24]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-
-from relax_tune import utils  # noqa: E402
-from relax_tune.tuning.extract import extract_tasks  # noqa: E402
-from relax_tune.measure import LocalBuilder, LocalRunner, RPCRunner  # noqa: E402
-from relax_tune.tuning.tune import tune_tasks  # noqa: E402
-from rpc_cluster import LocalRPCCluster  # noqa: E402
-from workloads import matmul_mod as matmul  # noqa: E402
+from relax_tune import utils
+from relax_tune.tuning.extract import extract_tasks
+from relax_tune.measure import LocalBuilder, LocalRunner, RPCRunner
+from relax_tune.testing.rpc_cluster import LocalRPCCluster
+from relax_tune.testing.workloads import matmul_mod as matmul
+from relax_tune.tuning.tune import tune_tasks
 
 
 def rpc_throughput(n_servers: int, trials: int, target) -> float:

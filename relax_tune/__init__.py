@@ -12,8 +12,8 @@
 Importing the package registers the pipeline ``relax.get_pipeline("relax_tune", ...)``.
 """
 
-from . import database, transform
-from . import dynamic
+from . import database, dynamic, pipeline, transform
+from .config import TuneConfig
 from .database import (
     Database,
     JSONDatabase,
@@ -24,21 +24,21 @@ from .database import (
     UnionDatabase,
     Workload,
 )
-from .tuning.extract import ExtractedTask, Task, extract_tasks
-from .model_loader import LoadedModel, load_model
-from .transform import ApplyDatabase, ExtractTasks, TuneIRMod, TuneTIR, relax_tune_pipeline
-from .report import TaskReport
-from .tuning.tune import tune_relax, tune_tasks, tune_tir
-from .config import TuneConfig
 from .dynamic import parse_shape_hints
+from .model_loader import LoadedModel, load_model
+from .pipeline import relax_tune_pipeline
+from .transform import ApplyDatabase, ExtractTasks, TuneIRMod, TuneTIR
+from .tuning import ExtractedTask, Task, TaskReport, extract_tasks, tune_relax, tune_tasks, tune_tir
 from .utils import RelaxTuneError, host_target
+from .work_dir import WorkDir
 
-transform.register_pipeline()
+pipeline.register_pipeline()
 
 __all__ = [
     "ApplyDatabase", "Database", "ExtractTasks", "ExtractedTask", "JSONDatabase",
-    "LoadedModel", "MemoryDatabase", "OrderedUnionDatabase", "RelaxTuneError", "ScheduleFnDatabase",
-    "Task", "TaskReport", "TuneConfig", "TuneIRMod", "TuneTIR", "TuningRecord", "UnionDatabase", "Workload",
-    "database", "dynamic", "extract_tasks", "host_target", "load_model", "relax_tune_pipeline", "transform",
-    "parse_shape_hints", "tune_relax", "tune_tasks", "tune_tir",
+    "LoadedModel", "MemoryDatabase", "OrderedUnionDatabase", "RelaxTuneError",
+    "ScheduleFnDatabase", "Task", "TaskReport", "TuneConfig", "TuneIRMod", "TuneTIR",
+    "TuningRecord", "UnionDatabase", "WorkDir", "Workload", "database", "dynamic",
+    "extract_tasks", "host_target", "load_model", "parse_shape_hints", "pipeline",
+    "relax_tune_pipeline", "transform", "tune_relax", "tune_tasks", "tune_tir",
 ]

@@ -9,9 +9,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .lowering import lower_for_tuning
 from .tuning.extract import extract_tasks
-from .lowering.prepare import lower_for_tuning
-from .report import TaskReport
+from .tuning.state import TaskReport
 from .tuning.tune import tune_tasks
 from .utils import parse_target
 

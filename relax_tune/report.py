@@ -1,18 +1,17 @@
-"""What tuning produced, for people to read: per task of a session (``TaskReport``, the
-tuning table), per workload of a work_dir (``WorkloadSummary``: best-so-far curves, plots,
-Markdown/HTML).
-
-A session's ``tune_tasks`` returns one ``TaskReport`` per task; ``format_tuning_table``
-prints them (the live table of ``progress.py``, the CLI's final table). ``AppliedLatency``
-is what both kinds of row share: what ``ApplyDatabase`` will run and its speedup.
+"""What tuning produced, for people to read, per workload of a work_dir
+(``WorkloadSummary``: best-so-far curves, plots, Markdown/HTML). A session's own per-task
+report and tuning table are the tuning loop's (``relax_tune.tuning.state.TaskReport``,
+``relax_tune.tuning.progress.format_tuning_table``); ``AppliedLatency`` is what both kinds
+of row share: what ``ApplyDatabase`` will run and its speedup.
 
 The database alone says, per workload, every measured trace in the order it was measured (the
 record file is append-only, so file order is trial order) and the untuned function's time (the
 empty-trace baseline record). It does not store task names or weights: every tuning entry
-point writes them to ``work_dir/tasks.json`` (``work_dir.write_task_meta``); without that file names are
-derived from the workload's blocks and weights are unknown (counted as 1).
+point writes them to ``work_dir/tasks.json`` (``WorkDir.write_task_meta``); without that file
+names are derived from the workload's blocks and weights are unknown (counted as 1).
 
-    summaries = summarize(JSONDatabase(work_dir=wd), read_task_meta(wd))
+    wd = WorkDir.of(path)
+    summaries = summarize(wd.open_existing(), wd.read_task_meta())
     paths = write_report(wd)          # curves.png, one curve_*.png per task, summary.md
 
 Plots use matplotlib (a dependency); should it fail to import, the summary is still written
@@ -35,111 +34,15 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import analysis as s_analysis
 
-from .database import Database, JSONDatabase, TuningRecord, Workload, is_baseline
-from .database.json_database import WORKLOAD_FILE
-from .utils import RelaxTuneError, target_compatible
-from .work_dir import TASK_META_FILE, read_task_meta, write_task_meta  # noqa: F401 (re-exported)
+from .database import Database, TuningRecord, Workload, is_baseline
+from .tuning.state import AppliedLatency
+from .utils import target_compatible
+from .work_dir import WorkDir
 
 if TYPE_CHECKING:
     from .tuning.extract import Task
 
 logger = logging.getLogger("relax_tune.report")
-
-
-# ---------------------------------------------------------------------------- a session
-class AppliedLatency:
-    """What ApplyDatabase will run for a task, from its ``best_secs`` (best tuned schedule)
-    and ``baseline_secs`` (untuned function); shared by ``TaskReport`` (a session's task)
-    and ``WorkloadSummary`` (a work_dir's workload)."""
-
-    best_secs: float | None
-    baseline_secs: float | None
-
-    @property
-    def applied_secs(self) -> float | None:
-        """Time of what ApplyDatabase will use: the best tuned schedule, or the untuned
-        function when no tuned schedule beats it."""
-        known = [x for x in (self.best_secs, self.baseline_secs) if x]
-        return min(known) if known else None
-
-    @property
-    def tuned_applied(self) -> bool:
-        """True when a tuned schedule beats the untuned function (or no baseline is known)."""
-        return bool(self.best_secs) and (not self.baseline_secs
-                                         or self.best_secs <= self.baseline_secs)
-
-    @property
-    def speedup(self) -> float | None:
-        """Untuned time over the applied time (>= 1: the untuned function is kept otherwise)."""
-        if self.applied_secs and self.baseline_secs:
-            return self.baseline_secs / self.applied_secs
-        return None
-
-
-@dataclass
-class TaskReport(AppliedLatency):
-    """What tuning one task produced (also what the demo and the tuning table print).
-
-    ``task`` is the extracted ``Task`` itself; ``task_name``, ``weight`` and ``flops`` are
-    read from it."""
-
-    task: Task = field(repr=False)
-    trials: int = 0
-    failures: int = 0
-    best_secs: float | None = None
-    baseline_secs: float | None = None
-    new_trials: int = 0
-    status: str = "tuning"
-    """Why the task stopped: budget, converged, exhausted, too cheap, time, stopped."""
-
-    @property
-    def task_name(self) -> str:
-        """The task's name."""
-        return self.task.task_name
-
-    @property
-    def weight(self) -> int:
-        """The task's call sites in the model."""
-        return self.task.weight
-
-    @property
-    def flops(self) -> float:
-        """Estimated FLOPs of one call of the task's workload."""
-        return self.task.flops
-
-    @property
-    def gflops(self) -> float | None:
-        """Throughput of the best schedule in GFLOP/s."""
-        return self.flops / self.best_secs / 1e9 if self.best_secs and self.flops else None
-
-    def __repr__(self) -> str:
-        return (f"TaskReport(task_name={self.task_name!r}, weight={self.weight}, "
-                f"trials={self.trials}, failures={self.failures}, best_secs={self.best_secs}, "
-                f"baseline_secs={self.baseline_secs}, new_trials={self.new_trials}, "
-                f"status={self.status!r})")
-
-
-def format_tuning_table(reports: Sequence[TaskReport]) -> str:
-    """The tuning table: task, FLOP, weight, GFLOP/s, latency, weighted latency, trials,
-    what is applied (tuned schedule or the untuned function) and whether the task is done."""
-    head = (f"{'#':>3} {'task':<28}{'FLOP':>10}{'weight':>7}{'GFLOP/s':>9}{'untuned us':>12}"
-            f"{'best us':>10}{'weighted us':>12}{'trials':>7}  {'applied':<8}{'done':<10}")
-    lines = [head, "-" * len(head)]
-    total = 0.0
-    for i, r in enumerate(reports):
-        applied = r.applied_secs
-        weighted = applied * r.weight if applied else None
-        total += weighted or 0.0
-
-        def us(x):
-            return f"{x * 1e6:.2f}" if x else "-"
-        lines.append(
-            f"{i:>3} {r.task_name[:27]:<28}{r.flops:>10.3g}{r.weight:>7}"
-            f"{(f'{r.gflops:.2f}' if r.gflops else '-'):>9}{us(r.baseline_secs):>12}"
-            f"{us(r.best_secs):>10}{us(weighted):>12}{r.trials:>7}  "
-            f"{('tuned' if r.tuned_applied else 'untuned'):<8}{r.status:<10}")
-    lines.append(f"estimated end-to-end (sum of weighted latencies): {total * 1e6:.2f} us")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------- a work_dir
@@ -235,14 +138,6 @@ def short_target(config: dict | None) -> str:
 
 
 # ---------------------------------------------------------------------------- summaries
-def open_work_dir(work_dir: str) -> JSONDatabase:
-    """The JSON database of an existing ``work_dir``; RelaxTuneError when it has none."""
-    if not os.path.isfile(os.path.join(work_dir, WORKLOAD_FILE)):
-        raise RelaxTuneError(f"{work_dir!r} holds no tuning database ({WORKLOAD_FILE} missing): "
-                             "pass the --work-dir given to `relax-tune tune`")
-    return JSONDatabase(work_dir=work_dir)
-
-
 def summarize(db: Database, meta: dict[int, dict] | None = None,
               target: dict | None = None) -> list[WorkloadSummary]:
     """One ``WorkloadSummary`` per workload of ``db`` (in the database's order), from its
@@ -523,14 +418,16 @@ class ReportFiles:
     summaries: list[WorkloadSummary]
 
 
-def write_report(work_dir: str, out_dir: str | None = None, meta: dict[int, dict] | None = None,
-                 target: dict | None = None, html_too: bool = False) -> ReportFiles:
+def write_report(work_dir: WorkDir | str, out_dir: str | None = None,
+                 meta: dict[int, dict] | None = None, target: dict | None = None,
+                 html_too: bool = False) -> ReportFiles:
     """Write the report of ``work_dir`` into ``out_dir`` (default ``work_dir/report``):
     ``curves.png``, ``curve_<i>_<name>.png`` per workload and ``summary.md`` (plus
     ``summary.html`` with ``html_too``). ``meta`` defaults to ``work_dir/tasks.json``."""
-    db = open_work_dir(work_dir)
-    summaries = summarize(db, read_task_meta(work_dir) if meta is None else meta, target)
-    out_dir = out_dir or os.path.join(work_dir, "report")
+    wd = WorkDir.of(work_dir)
+    summaries = summarize(wd.open_existing(), wd.read_task_meta() if meta is None else meta,
+                          target)
+    out_dir = out_dir or wd.file("report")
     os.makedirs(out_dir, exist_ok=True)
     plots = plot_curves(summaries, out_dir)
     names = {os.path.basename(p) for p in plots}

@@ -22,6 +22,16 @@ class RelaxTuneError(ValueError):
     Registered with TVM's FFI so it keeps its type when raised inside a pass."""
 
 
+def error_line(err: BaseException, with_type: bool = False) -> str:
+    """The first line of an error's message (TVM's run to pages), or its type's name when it
+    has none; with ``with_type``, ``"TypeName first line"``."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else ""
+    if with_type:
+        return f"{type(err).__name__} {first}".rstrip()
+    return first or type(err).__name__
+
+
 def parse_target(target: Any = None) -> tvm.target.Target:
     """Turn a Target, a target string, a JSON-dict, or None (the ``with target:`` scope)
     into a ``tvm.target.Target``; raise RelaxTuneError naming the bad value otherwise."""
@@ -40,7 +50,7 @@ def parse_target(target: Any = None) -> tvm.target.Target:
             return tvm.target.Target(target)
         except Exception as err:  # TVM raises ValueError/TVMError with a long message
             raise RelaxTuneError(
-                f"{target!r} is not a TVM target ({str(err).splitlines()[0]}); use e.g. "
+                f"{target!r} is not a TVM target ({error_line(err)}); use e.g. "
                 "'llvm' or {'kind': 'llvm', 'mcpu': 'znver3', 'num-cores': 2}"
             ) from None
     raise RelaxTuneError(f"{target!r} (a {type(target).__name__}) is not a TVM target")

@@ -6,13 +6,15 @@
                                            (and the sizes of dynamic-shape buckets)
     work_dir/cost_model/                   the cost model, warm-started by the next run
     work_dir/dispatch_ranking.json         (opt-in) dynamic-shape buckets' records ranked
-                                           as dispatched (dispatch_rank.py)
+                                           as dispatched (``relax_tune.dynamic.rank``)
     work_dir/dispatch_plan.json            which bucket serves which sizes, measured
-                                           (dispatch_plan.py)
+                                           (``relax_tune.dynamic.plan``)
     work_dir/logs/tune.log                 the full tuning log
 
-Tuning creates what is missing; applying records (``ApplyDatabase``, ``relax-tune
-compile``) only reads, and never creates a work_dir.
+``WorkDir`` is the one value that knows these names and opens these files: an entry point
+makes it once (``WorkDir.of``, which checks the path) and passes it on. Tuning creates what
+is missing (``open_database``); applying records and reporting only read
+(``open_for_apply``, ``open_existing``) and never create a work_dir.
 """
 
 from __future__ import annotations
@@ -21,40 +23,186 @@ import json
 import logging
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from .database import Database, JSONDatabase, MemoryDatabase
-from .database.json_database import WORKLOAD_FILE
+from .database.json_database import TUNING_RECORD_FILE, WORKLOAD_FILE
 from .utils import RelaxTuneError
 
-logger = logging.getLogger("relax_tune.work_dir")
+logger = logging.getLogger(__name__)
 
 TASK_META_FILE = "tasks.json"
 """Task names, weights and function names of the models tuned in a work_dir."""
 
+RANKING_FILE = "dispatch_ranking.json"
+"""Each ranked record of each dynamic-shape bucket and its time as dispatched."""
 
-def logs_dir(work_dir: str) -> str:
-    """Where a work_dir keeps its tuning logs."""
-    return os.path.join(work_dir, "logs")
-
-
-def cost_model_dir(work_dir: str) -> str:
-    """Where a work_dir keeps its saved cost model."""
-    return os.path.join(work_dir, "cost_model")
+PLAN_FILE = "dispatch_plan.json"
+"""Per dynamic-shape function, which bucket's kernel serves which sizes."""
 
 
-def check_work_dir(work_dir: Any) -> str:
-    """``work_dir`` as a path string; RelaxTuneError when it names a file or is no path."""
-    if not isinstance(work_dir, (str, os.PathLike)) or not os.fspath(work_dir):
-        raise RelaxTuneError(f"work_dir must be a directory path, not {work_dir!r}")
-    path = os.fspath(work_dir)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise RelaxTuneError(f"work_dir {path!r} is a file, not a directory: give a new or "
-                             "existing directory for the tuning records")
-    return path
+@dataclass(frozen=True)
+class WorkDir:
+    """A tuning session's directory: every file name in it and the ways to open them."""
+
+    path: str
+
+    @classmethod
+    def of(cls, work_dir: "WorkDir | str | os.PathLike") -> "WorkDir":
+        """``work_dir`` as a ``WorkDir`` (passed through when it is one); RelaxTuneError when
+        it is no path or names a file."""
+        if isinstance(work_dir, WorkDir):
+            return work_dir
+        if not isinstance(work_dir, (str, os.PathLike)) or not os.fspath(work_dir):
+            raise RelaxTuneError(f"work_dir must be a directory path, not {work_dir!r}")
+        path = os.fspath(work_dir)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise RelaxTuneError(f"work_dir {path!r} is a file, not a directory: give a new or "
+                                 "existing directory for the tuning records")
+        return cls(path)
+
+    @classmethod
+    def maybe(cls, work_dir: "WorkDir | str | os.PathLike | None") -> "WorkDir | None":
+        """``WorkDir.of(work_dir)``, or None for None."""
+        return None if work_dir is None else cls.of(work_dir)
+
+    def __str__(self) -> str:
+        return self.path
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def file(self, name: str) -> str:
+        """The path of the file ``name`` in the work_dir."""
+        return os.path.join(self.path, name)
+
+    # ---------------------------------------------------------------- file names
+    @property
+    def workload_file(self) -> str:
+        """The database's workloads (MetaSchedule's ``database_workload.json``)."""
+        return self.file(WORKLOAD_FILE)
+
+    @property
+    def record_file(self) -> str:
+        """The database's records (MetaSchedule's ``database_tuning_record.json``)."""
+        return self.file(TUNING_RECORD_FILE)
+
+    @property
+    def logs_dir(self) -> str:
+        """Where the tuning logs are kept."""
+        return self.file("logs")
+
+    @property
+    def log_file(self) -> str:
+        """The full tuning log."""
+        return os.path.join(self.logs_dir, "tune.log")
+
+    @property
+    def cost_model_dir(self) -> str:
+        """Where the saved cost model is kept."""
+        return self.file("cost_model")
+
+    @property
+    def has_database(self) -> bool:
+        """Whether the work_dir holds a tuning database."""
+        return os.path.isfile(self.workload_file)
+
+    # ---------------------------------------------------------------- databases
+    def open_database(self) -> JSONDatabase:
+        """The database tuning writes to (created when missing)."""
+        return JSONDatabase(work_dir=self.path)
+
+    def open_for_apply(self) -> Database:
+        """The database for reading records; an empty database (with a warning) when the
+        directory holds none, so applying never creates files."""
+        if not self.has_database:
+            logger.warning("%s holds no tuning database (%s missing): no function is replaced; "
+                           "tune into it first (TuneIRMod, relax-tune tune)", self.path,
+                           WORKLOAD_FILE)
+            return MemoryDatabase()
+        return JSONDatabase(work_dir=self.path)
+
+    def open_existing(self) -> JSONDatabase:
+        """The database of a work_dir that must hold one (reports, the database tools);
+        RelaxTuneError when it has none."""
+        if not self.has_database:
+            raise RelaxTuneError(f"{self.path!r} holds no tuning database ({WORKLOAD_FILE} "
+                                 "missing): pass the --work-dir given to `relax-tune tune`")
+        return JSONDatabase(work_dir=self.path)
+
+    # ---------------------------------------------------------------- tasks.json
+    def write_task_meta(self, tasks: Iterable[Any]) -> str:
+        """Record the tasks' names, weights and function names in ``tasks.json`` (merged
+        with what is there, keyed by structural hash) so reports can weight them; return
+        the path."""
+        meta = self.read_task_meta()
+        for task in tasks:
+            weight = float(task.weight)
+            meta[int(task.shash)] = {"name": task.task_name,
+                                     "weight": int(weight) if weight.is_integer() else weight,
+                                     "func_names": list(task.func_names)}
+            if getattr(task, "shape", None):  # a bucket of a symbolic function: ApplyDatabase
+                meta[int(task.shash)]["shape"] = dict(task.shape)  # finds its size here
+        self.write_meta(meta)
+        return self.file(TASK_META_FILE)
+
+    def write_meta(self, meta: dict[int, dict]) -> None:
+        """``meta`` (as ``read_task_meta`` returns it) as ``tasks.json``, replacing it."""
+        os.makedirs(self.path, exist_ok=True)
+        self.write_json(TASK_META_FILE, [{"shash": str(k), **v} for k, v in meta.items()])
+
+    def read_task_meta(self) -> dict[int, dict]:
+        """``{structural hash: {"name", "weight", ...}}`` from ``tasks.json``, or {}."""
+        path = self.file(TASK_META_FILE)
+        if not os.path.isfile(path):
+            return {}
+        try:
+            with open(path, encoding="utf-8") as file:
+                return {int(item["shash"]): {k: v for k, v in item.items() if k != "shash"}
+                        for item in json.load(file)}
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            logger.warning("%s is unreadable (%s); task names and weights unknown", path, err)
+            return {}
+
+    def hinted_sizes(self) -> dict[str, set[int]]:
+        """``{var name: sizes}`` of the dynamic-shape buckets tuned into the work_dir."""
+        out: dict[str, set[int]] = {}
+        if not os.path.isdir(self.path):
+            return out
+        for item in self.read_task_meta().values():
+            for name, size in (item.get("shape") or {}).items():
+                if isinstance(size, int) and size > 0:
+                    out.setdefault(str(name), set()).add(size)
+        return out
+
+    # ---------------------------------------------------------------- side files
+    def read_entries(self, name: str, unreadable: str) -> dict[str, dict[str, Any]]:
+        """The object entries of the JSON file ``name`` (``{key: dict}``), or {} when there
+        is none; an unreadable one is logged with what happens then (``unreadable``) and
+        read as {}."""
+        path = self.file(name)
+        if not os.path.isfile(path):
+            return {}
+        try:
+            with open(path, encoding="utf-8") as file:
+                data = json.load(file)
+            return {str(k): v for k, v in data.items() if isinstance(v, dict)}
+        except (OSError, ValueError, AttributeError) as err:
+            logger.warning("%s is unreadable (%s); %s", path, err, unreadable)
+            return {}
+
+    def write_json(self, name: str, data: Any) -> None:
+        """``data`` as the JSON file ``name``, replacing it whole (never a half-written
+        file)."""
+        path = self.file(name)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as file:
+            json.dump(data, file, indent=1, sort_keys=True)
+        os.replace(tmp, path)
 
 
-def open_database(work_dir: str | None, database: Database | None) -> Database:
+def open_database(work_dir: WorkDir | None, database: Database | None) -> Database:
     """The database tuning writes to: the one given, the current ``with db:`` one, or
     work_dir's JSON files (created when missing)."""
     if database is not None:
@@ -64,88 +212,4 @@ def open_database(work_dir: str | None, database: Database | None) -> Database:
         if current is not None:
             return current
         raise RelaxTuneError("give work_dir=... (where tuning records are kept) or database=...")
-    return JSONDatabase(work_dir=check_work_dir(work_dir))
-
-
-def open_for_apply(work_dir: str) -> Database:
-    """work_dir's database for reading records; an empty database (with a warning) when the
-    directory holds none, so applying never creates files."""
-    path = check_work_dir(work_dir)
-    if not os.path.isfile(os.path.join(path, WORKLOAD_FILE)):
-        logger.warning("%s holds no tuning database (%s missing): no function is replaced; "
-                       "tune into it first (TuneIRMod, relax-tune tune)", path, WORKLOAD_FILE)
-        return MemoryDatabase()
-    return JSONDatabase(work_dir=path)
-
-
-def write_task_meta(work_dir: str, tasks: Iterable[Any]) -> str:
-    """Record the tasks' names, weights and function names in ``work_dir/tasks.json``
-    (merged with what is there, keyed by structural hash) so reports can weight them;
-    return the path."""
-    path = os.path.join(work_dir, TASK_META_FILE)
-    meta = read_task_meta(work_dir)
-    for task in tasks:
-        weight = float(task.weight)
-        meta[int(task.shash)] = {"name": task.task_name,
-                                 "weight": int(weight) if weight.is_integer() else weight,
-                                 "func_names": list(task.func_names)}
-        if getattr(task, "shape", None):  # a bucket of a symbolic function: ApplyDatabase
-            meta[int(task.shash)]["shape"] = dict(task.shape)  # finds its size here
-    os.makedirs(work_dir, exist_ok=True)
-    write_json(work_dir, TASK_META_FILE, [{"shash": str(k), **v} for k, v in meta.items()])
-    return path
-
-
-def hinted_sizes(work_dir: str | None) -> dict[str, set[int]]:
-    """``{var name: sizes}`` of the dynamic-shape buckets tuned into ``work_dir``."""
-    out: dict[str, set[int]] = {}
-    if work_dir is None or not os.path.isdir(work_dir):
-        return out
-    for item in read_task_meta(work_dir).values():
-        for name, size in (item.get("shape") or {}).items():
-            if isinstance(size, int) and size > 0:
-                out.setdefault(str(name), set()).add(size)
-    return out
-
-
-def read_task_meta(work_dir: str) -> dict[int, dict]:
-    """``{structural hash: {"name", "weight", ...}}`` from ``work_dir/tasks.json``, or {}."""
-    path = os.path.join(work_dir, TASK_META_FILE)
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as file:
-            return {int(item["shash"]): {k: v for k, v in item.items() if k != "shash"}
-                    for item in json.load(file)}
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        logger.warning("%s is unreadable (%s); task names and weights unknown", path, err)
-        return {}
-
-
-def read_json_entries(work_dir: str | None, name: str, unreadable: str
-                      ) -> dict[str, dict[str, Any]]:
-    """The object entries of the JSON file ``name`` in ``work_dir`` (``{key: dict}``), or {}
-    when there is none; an unreadable one is logged with what happens then
-    (``unreadable``) and read as {}."""
-    if work_dir is None:
-        return {}
-    path = os.path.join(work_dir, name)
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as file:
-            data = json.load(file)
-        return {str(k): v for k, v in data.items() if isinstance(v, dict)}
-    except (OSError, ValueError, AttributeError) as err:
-        logger.warning("%s is unreadable (%s); %s", path, err, unreadable)
-        return {}
-
-
-def write_json(work_dir: str, name: str, data: Any) -> None:
-    """``data`` as the JSON file ``name`` in ``work_dir``, replacing it whole (never a
-    half-written file)."""
-    path = os.path.join(work_dir, name)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as file:
-        json.dump(data, file, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    return work_dir.open_database()

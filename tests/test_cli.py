@@ -229,7 +229,7 @@ def test_parse_helpers():
 
 def test_tune_through_rpc(onnx_model, tmp_path, capsys):
     """``--rpc host:port:key`` measures on a real local RPC tracker + server."""
-    rpc_cluster = pytest.importorskip("rpc_cluster")  # tests/rpc_cluster.py, the RPC fixture
+    from relax_tune.testing import rpc_cluster  # a local RPC tracker and server
     path, _ = onnx_model
     wd = str(tmp_path / "wd")
     with rpc_cluster.LocalRPCCluster(n_servers=1, key="rt-cli") as cluster:

@@ -10,11 +10,12 @@ import tvm_ffi
 from tvm import te
 
 from relax_tune.cost_model import (N_FEATURES, CostModel, RandomModel, XGBModel,
-                                   cost_model_dir, extract_features, extract_features_batch,
+                                   extract_features, extract_features_batch,
                                    feature_names, make_cost_model)
 from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.search import ReplaySearch
 from relax_tune.utils import FAILED_RUN_SECS, RelaxTuneError, args_info, normalize_mod
+from relax_tune.work_dir import WorkDir
 
 
 def matmul(n: int, m: int | None = None):
@@ -148,7 +149,7 @@ def test_make_cost_model_by_name_and_warm_start(tmp_path, measured):
     fresh = make_cost_model("xgb-fresh", str(tmp_path))
     assert isinstance(fresh, XGBModel) and not fresh.trained
     fresh.update_features("mm", feats[:30], secs[:30])
-    fresh.save(cost_model_dir(str(tmp_path)))
+    fresh.save(WorkDir.of(tmp_path).cost_model_dir)
     warm = make_cost_model("xgb-fresh", str(tmp_path))
     assert warm.trained and warm.num_rows == 30
     mine = RandomModel()

@@ -21,8 +21,8 @@ from relax_tune.measure import LocalBuilder, LocalRunner, RPCRunner, cross
 from relax_tune.tuning.tune import tune_tasks
 from relax_tune.utils import RelaxTuneError
 
-from rpc_cluster import LocalRPCCluster
-from workloads import matmul_mod, tiled_matmul_trace
+from relax_tune.testing.rpc_cluster import LocalRPCCluster
+from relax_tune.testing.workloads import matmul_mod, tiled_matmul_trace
 
 AARCH64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"], "num-cores": 4}
 EM_AARCH64 = 183

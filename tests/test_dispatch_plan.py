@@ -18,16 +18,16 @@ import relax_tune as rt
 from relax_tune import dynamic
 from relax_tune.database import is_baseline
 from relax_tune.dynamic.plan import PLAN_FILE, read_plans, stretches
-from relax_tune.search import candidate_key
+from relax_tune.database import candidate_key
 from relax_tune.utils import RelaxTuneError, normalize_mod, structural_hash
-from relax_tune.work_dir import open_for_apply
-from workloads import symbolic_matmul
+from relax_tune.work_dir import WorkDir
+from relax_tune.testing.workloads import symbolic_matmul
 
 HINTS = {"n": [16, 64]}
 
 
 def _best(work_dir: str, size: int, target):
-    db = open_for_apply(work_dir)
+    db = WorkDir.of(work_dir).open_for_apply()
     workload = normalize_mod(dynamic.specialize(symbolic_matmul(), {"n": size}))
     records = db.get_top_k(db.commit_workload(workload), 1, target)
     assert records and not is_baseline(records[0])

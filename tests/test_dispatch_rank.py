@@ -18,17 +18,17 @@ from relax_tune import dynamic
 from relax_tune.database import is_baseline
 from relax_tune.dynamic.rank import RANKING_FILE, UNTUNED, read_rankings
 from relax_tune.measure import LocalBuilder, LocalRunner
-from relax_tune.search import candidate_key
+from relax_tune.database import candidate_key
 from relax_tune.utils import RelaxTuneError, args_info, normalize_mod, structural_hash
-from relax_tune.work_dir import open_for_apply
-from workloads import symbolic_matmul
+from relax_tune.work_dir import WorkDir
+from relax_tune.testing.workloads import symbolic_matmul
 
 HINTS = {"n": [16, 64]}
 
 
 def _bucket_records(work_dir: str, size: int, target) -> list:
     """The records of the bucket at n=``size``, fastest (static) first, baseline excluded."""
-    db = open_for_apply(work_dir)
+    db = WorkDir.of(work_dir).open_for_apply()
     workload = normalize_mod(dynamic.specialize(symbolic_matmul(), {"n": size}))
     records = db.get_top_k(db.commit_workload(workload), 32, target)
     return [r for r in records if not is_baseline(r)]

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from tvm import te
 
-from relax_tune.cost_model import PriorXGBModel, XGBModel, cost_model_dir
+from relax_tune.cost_model import PriorXGBModel, XGBModel
+from relax_tune.work_dir import WorkDir
 from relax_tune.tuning.extract import extract_tasks
 from relax_tune.measure import LocalBuilder
 from relax_tune.search import (EvolutionarySearch, ReplaySearch, SearchContext, make_search,
                                search_names)
-from relax_tune.search.base import candidate_key
+from relax_tune.database import candidate_key
 from relax_tune.search.mutators import (MutateCategorical, MutateParallel, MutateTileSize,
                                         MutateUnroll)
 from relax_tune.space import (check_decision, sampling_instructions, sketch_part,
@@ -228,4 +229,4 @@ def test_no_trace_measured_twice_in_a_run_or_across_a_resumed_run(tmp_path, targ
     assert len(keys) == 20 and len(set(keys)) == 20
     # the model was saved for the next run, and holds every measured candidate
     warm = XGBModel()
-    assert warm.load(cost_model_dir(work_dir)) and warm.num_rows == 20
+    assert warm.load(WorkDir.of(work_dir).cost_model_dir) and warm.num_rows == 20

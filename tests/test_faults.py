@@ -25,10 +25,10 @@ from relax_tune.database import JSONDatabase, TuningRecord
 from relax_tune.tuning.extract import extract_tasks
 from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.measure.verify import WRONG_RESULT, CorrectnessChecker, compare_outputs
-from relax_tune.search import candidate_key
+from relax_tune.database import candidate_key
 from relax_tune.tuning.tune import BASELINE_KEY, tune_tasks
 
-from workloads import matmul_mod
+from relax_tune.testing.workloads import matmul_mod
 
 N = 32
 
@@ -188,7 +188,7 @@ _TUNER = textwrap.dedent("""
     from relax_tune.database import JSONDatabase
     from relax_tune.tuning.extract import extract_tasks
     from relax_tune.measure import LocalBuilder, LocalRunner
-    from relax_tune.search import candidate_key
+    from relax_tune.database import candidate_key
     from relax_tune.tuning.tune import tune_tasks
 
     work, n, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])

@@ -26,7 +26,7 @@ from relax_tune.measure import (
 )
 from relax_tune.measure import _worker
 
-from workloads import matmul_mod, tiled_matmul_trace
+from relax_tune.testing.workloads import matmul_mod, tiled_matmul_trace
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 REPEAT = 3

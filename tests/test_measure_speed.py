@@ -19,7 +19,7 @@ from relax_tune.measure import LocalBuilder, LocalRunner, MeasureError, Measurer
 from relax_tune.measure.head_to_head import head_to_head
 from relax_tune.measure.measurer import Incumbent
 
-from workloads import matmul_mod, tiled_matmul_trace
+from relax_tune.testing.workloads import matmul_mod, tiled_matmul_trace
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from relax_tune.config import make_config
-from relax_tune.cost_model import (PriorXGBModel, RandomModel, XGBModel, cost_model_dir,
+from relax_tune.work_dir import WorkDir
+from relax_tune.cost_model import (PriorXGBModel, RandomModel, XGBModel,
                                    make_cost_model)
 from relax_tune.cost_model.prior import (PRIOR_META_FILE, PRIOR_MODEL_FILE, kendall_tau,
                                          prior_files)
@@ -25,13 +26,12 @@ HELDOUT_TABLES = {  # make_corpus.py's held-out matmul 256^3 and conv2d 96ch 20x
     "amd-zen4": HELDOUT,  # AMD EPYC Zen 4 (the CPU of the first training corpora)
     "intel-xeon": os.path.join(ROOT, "tests", "data", "prior_heldout_intel.npz"),  # AVX-512
 }
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 
 def _heldout(path: str = HELDOUT) -> list[dict]:
     """Committed held-out data (a corpus table): workloads the shipped model never saw, their
     candidates' raw features and measured seconds (``HELDOUT_TABLES``: which CPU)."""
-    from corpus import read_table
+    from tools.prior.corpus import read_table
 
     return [{"name": t.workload, "x": t.features, "secs": t.secs, "facts": t.facts,
              "phase_random": np.asarray([p == "random" for p in t.phase])}
@@ -126,16 +126,16 @@ def test_adapts_to_the_session_and_keeps_it_in_the_work_dir(tmp_path, adapt):
     else:
         assert 0.0 <= model.blend_weight() <= 1.0 and model._taus["fresh"]
     wd = str(tmp_path)
-    model.save(cost_model_dir(wd))
+    model.save(WorkDir.of(wd).cost_model_dir)
     warm = make_cost_model("xgb-prior", wd)  # the next session on this work_dir
     assert warm.num_rows == 64 and warm.prior is not None
-    assert XGBModel().load(cost_model_dir(wd))  # the fresh model reads the same files
+    assert XGBModel().load(WorkDir.of(wd).cost_model_dir)  # the fresh model reads the same files
 
 
 def _as_training_tasks(target="llvm"):
     """The fixed held-out data as training tasks (``corpus.TaskData``) measured on
     ``target``."""
-    from corpus import read_table
+    from tools.prior.corpus import read_table
 
     tasks = read_table(HELDOUT, feature_version=1)
     for t in tasks:
@@ -144,7 +144,7 @@ def _as_training_tasks(target="llvm"):
 
 
 def test_training_is_reproducible_from_a_seed():
-    from train_prior import train
+    from tools.prior.train_prior import train
 
     tasks = _as_training_tasks()
     a = train(tasks, seed=3, rounds=20).save_raw("json")
@@ -157,7 +157,7 @@ def test_training_is_reproducible_from_a_seed():
 def test_cross_validation_leaves_a_workload_out_of_every_corpus():
     """``train_prior.py --cross-validate``: a left-out workload measured in two corpora (two
     tasks) is ranked by a model trained on the other workloads only."""
-    from train_prior import cross_validate, evaluate, train
+    from tools.prior.train_prior import cross_validate, evaluate, train
 
     first, second = _as_training_tasks("llvm"), _as_training_tasks("llvm -corpus=2")
     mm, conv = first[0].workload, first[1].workload
@@ -180,7 +180,7 @@ def test_corpus_loads_from_several_directories(tmp_path):
     feature version are left out, a torn last line is skipped."""
     import json
 
-    from corpus import load_corpus
+    from tools.prior.corpus import load_corpus
 
     def write(corpus, workload, secs, version=1, torn=False):
         os.makedirs(corpus / "records", exist_ok=True)
@@ -206,8 +206,8 @@ def test_corpus_loads_from_several_directories(tmp_path):
 def test_corpus_table_keeps_what_training_needs(tmp_path):
     """``corpus.py DIR --table T.npz``: a table loads as the same tasks as the corpus it was
     written from, and trains wherever a corpus directory does."""
-    from corpus import load_corpus, write_table
-    from train_prior import evaluate, train
+    from tools.prior.corpus import load_corpus, write_table
+    from tools.prior.train_prior import evaluate, train
 
     tasks = _as_training_tasks("llvm -mcpu=znver4")
     tasks[1].split, tasks[1].op = "heldout", "matmul"
@@ -230,7 +230,7 @@ def test_corpus_table_keeps_what_training_needs(tmp_path):
 def test_training_continues_a_model_with_another_corpus():
     """``train_prior.py --init-model``: the model's trees are kept, the new rounds follow
     them, and the model passed in is left as it was."""
-    from train_prior import train
+    from tools.prior.train_prior import train
 
     first, second = _as_training_tasks("llvm -mcpu=znver4"), _as_training_tasks("llvm")
     base = train(first[:1], seed=1, rounds=6)
@@ -249,8 +249,8 @@ def test_continuing_keeps_the_base_ranking_on_the_machine_it_was_trained_on():
     import dataclasses
 
     import xgboost as xgb
-    from corpus import reference_rows
-    from train_prior import evaluate, train
+    from tools.prior.corpus import reference_rows
+    from tools.prior.train_prior import evaluate, train
 
     from relax_tune.cost_model.transfer import task_reference, transfer_features
 
@@ -288,7 +288,7 @@ def test_train_prior_continues_the_shipped_model(tmp_path):
     what it was trained on before, and refuses one trained on other features."""
     import json
 
-    from corpus import write_table
+    from tools.prior.corpus import write_table
 
     tasks = _as_training_tasks("llvm -mcpu=test")
     tasks[1].split = "heldout"
@@ -297,10 +297,10 @@ def test_train_prior_continues_the_shipped_model(tmp_path):
     table, out = str(tmp_path / "t.npz"), tmp_path / "model"
     write_table(tasks, table, feature_version=1)
     shipped = os.path.dirname(prior_files()[0])
-    script = os.path.join(ROOT, "benchmarks", "train_prior.py")
-    run = subprocess.run([sys.executable, script, "--corpus", table, "--out", str(out),
-                          "--rounds", "3", "--init-model", shipped, "--keep-base-on", HELDOUT],
-                         capture_output=True, text=True)
+    script = [sys.executable, "-m", "tools.prior.train_prior"]
+    run = subprocess.run([*script, "--corpus", table, "--out", str(out), "--rounds", "3",
+                          "--init-model", shipped, "--keep-base-on", HELDOUT],
+                         capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     meta = json.loads((out / PRIOR_META_FILE).read_text())
     assert meta["kept_base_on"] == [_heldout()[0]["facts"]]
@@ -310,24 +310,22 @@ def test_train_prior_continues_the_shipped_model(tmp_path):
     assert set(meta["targets"]) == set(shipped_meta["targets"]) | {"llvm -mcpu=test"}
     assert set(meta["train_tasks"]) == set(shipped_meta["train_tasks"]) | {tasks[0].workload}
     assert meta["train_candidates"] == shipped_meta["train_candidates"] + len(tasks[0].secs)
-    from evaluate_prior import prior_model  # what evaluate_prior.py --model DIR tunes with
+    from tools.prior.evaluate_prior import prior_model  # what evaluate_prior --model DIR tunes with
 
     model = prior_model(str(out), adapt="none")
     assert model.adapt == "none" and model.meta["kept_base_on"] == meta["kept_base_on"]
     shipped_rounds = PriorXGBModel(adapt="none").prior.num_boosted_rounds()
     assert model.prior.num_boosted_rounds() == shipped_rounds + 3
     (out / PRIOR_META_FILE).write_text(json.dumps({**meta, "feature_version": 0}))
-    run = subprocess.run([sys.executable, script, "--corpus", table, "--out",
-                          str(tmp_path / "again"), "--init-model", str(out)],
-                         capture_output=True, text=True)
+    run = subprocess.run([*script, "--corpus", table, "--out", str(tmp_path / "again"),
+                          "--init-model", str(out)], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode != 0 and "trained on other features" in run.stderr
-    run = subprocess.run([sys.executable, script, "--corpus", table, "--out",
-                          str(tmp_path / "again"), "--keep-base-on", HELDOUT],
-                         capture_output=True, text=True)
+    run = subprocess.run([*script, "--corpus", table, "--out", str(tmp_path / "again"),
+                          "--keep-base-on", HELDOUT], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode != 0 and "--keep-base-on needs --init-model" in run.stderr
-    run = subprocess.run([sys.executable, script, "--corpus", table, "--out",
-                          str(tmp_path / "again"), "--init-model", shipped,
-                          "--keep-base-on", table], capture_output=True, text=True)
+    run = subprocess.run([*script, "--corpus", table, "--out", str(tmp_path / "again"),
+                          "--init-model", shipped, "--keep-base-on", table],
+                         capture_output=True, text=True, cwd=ROOT)
     assert run.returncode != 0 and "also the facts of the corpus trained on" in run.stderr
 
 
@@ -335,20 +333,20 @@ def test_make_corpus_measures_resumes_and_writes_a_table(tmp_path):
     """``make_corpus.py``: a workload's candidates are measured on this CPU and recorded with
     its target and facts; a second run with a larger budget continues the first; ``--table``
     writes the whole corpus as a table when the run ends."""
-    from corpus import load_corpus, read_table
+    from tools.prior.corpus import load_corpus, read_table
 
     from relax_tune import host_target
     from relax_tune.cost_model.transfer import target_facts
 
-    script = os.path.join(ROOT, "benchmarks", "make_corpus.py")
     out, table = tmp_path / "corpus", tmp_path / "t.npz"
-    args = [sys.executable, script, "--out", str(out), "--no-models", "--only", "dense_16x64x32",
-            "--first-pass", "3", "--random-trials", "2", "--time-limit", "200"]
-    run = subprocess.run(args + ["--trials", "3"], capture_output=True, text=True)
+    args = [sys.executable, "-m", "tools.prior.make_corpus", "--out", str(out), "--no-models",
+            "--only", "dense_16x64x32", "--first-pass", "3", "--random-trials", "2",
+            "--time-limit", "200"]
+    run = subprocess.run(args + ["--trials", "3"], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     assert not table.exists()
     run = subprocess.run(args + ["--trials", "5", "--table", str(table)], capture_output=True,
-                         text=True)
+                         text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     (task,) = read_table(str(table))
     assert (task.workload, task.split, len(task.secs)) == ("dense_16x64x32", "train", 5)
@@ -411,8 +409,8 @@ def test_simulated_tuning_replays_sessions_on_measured_candidates():
     batch is its top 8 (the figure after 8 trials is theirs, computed here directly), every
     figure is at least 1 and never worse after more trials, and a session is reproducible
     from its seed."""
-    from corpus import reference_rows
-    from simulate_tuning import Strategy, simulate, simulated_tasks
+    from tools.prior.corpus import reference_rows
+    from tools.prior.simulate_tuning import Strategy, simulate, simulated_tasks
 
     tasks = simulated_tasks(list(HELDOUT_TABLES.values()), min_candidates=50)
     assert len(tasks) == 4
@@ -432,7 +430,7 @@ def test_simulated_tuning_replays_sessions_on_measured_candidates():
 
 
 def test_simulate_tuning_names_a_bad_strategy():
-    from simulate_tuning import Strategy
+    from tools.prior.simulate_tuning import Strategy
 
     assert Strategy.parse("finetune:rounds=10:eps1=0.25") == Strategy(
         model="finetune", rounds=10, eps1=0.25)
@@ -443,8 +441,8 @@ def test_simulate_tuning_names_a_bad_strategy():
 
 
 def _evaluate_prior(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "evaluate_prior.py"),
-                           *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tools.prior.evaluate_prior", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env={**os.environ, "TVM_NUM_THREADS": "2"})
 
 
@@ -464,7 +462,7 @@ def test_evaluate_prior_runs_the_issue_s_three_parts_in_one_invocation():
     without the prior and timed against ONNX Runtime and PyTorch (about 6 minutes)."""
     import importlib.util
 
-    # found, not imported: bench_real_models.py imports torchvision its own way
+    # found, not imported: benchmarks.bench_real_models imports torchvision its own way
     missing = [m for m in ("torch", "torchvision", "onnxruntime", "onnxscript")
                if importlib.util.find_spec(m) is None]
     if missing:

@@ -15,6 +15,7 @@ from tvm.s_tir import Schedule
 from relax_tune import report
 from relax_tune.database import JSONDatabase, TuningRecord
 from relax_tune.cli.db_tools import export_database, merge_databases, prune_database
+from relax_tune.work_dir import TASK_META_FILE, WorkDir
 from relax_tune.tuning.extract import extract_tasks
 from relax_tune.database import BASELINE_TRACE
 from relax_tune.tuning.tune import tune_tasks
@@ -99,9 +100,10 @@ def test_task_meta_gives_names_and_weights(handmade, target):
     work_dir, mod = handmade
     task = extract_tasks(mod, target)[0]
     task.task_name, task.weight = "my_matmul", 3
-    path = report.write_task_meta(work_dir, [task])
-    assert os.path.basename(path) == report.TASK_META_FILE
-    (s,) = report.summarize(JSONDatabase(work_dir=work_dir), report.read_task_meta(work_dir))
+    wd = WorkDir.of(work_dir)
+    path = wd.write_task_meta([task])
+    assert os.path.basename(path) == TASK_META_FILE
+    (s,) = report.summarize(JSONDatabase(work_dir=work_dir), wd.read_task_meta())
     assert (s.name, s.weight) == ("my_matmul", 3)
     untuned, tuned = report.end_to_end([s])
     assert tuned == pytest.approx(3 * 20e-6) and untuned == pytest.approx(3 * 100e-6)
@@ -110,23 +112,24 @@ def test_task_meta_gives_names_and_weights(handmade, target):
 
 
 def test_tuning_table_of_a_session(target):
-    """A session's TaskReports (relax_tune.report) and the tuning table the bar and the CLI
-    print: what is applied, the weighted latencies and their sum."""
+    """A session's TaskReports (relax_tune.tuning.state) and the tuning table the bar and the
+    CLI print: what is applied, the weighted latencies and their sum."""
     import relax_tune
-    import relax_tune.tuning.tune
+    from relax_tune.tuning.progress import format_tuning_table
+    from relax_tune.tuning.state import TaskReport
 
-    assert relax_tune.TaskReport is relax_tune.tune.TaskReport is report.TaskReport
+    assert relax_tune.TaskReport is TaskReport
     task = extract_tasks(_matmul_relu(), target)[0]
     task.weight = 2
-    tuned = report.TaskReport(task, trials=5, failures=1, best_secs=20e-6,
-                              baseline_secs=100e-6, status="budget")
-    slower = report.TaskReport(task, trials=3, best_secs=150e-6, baseline_secs=100e-6,
-                               status="converged")
+    tuned = TaskReport(task, trials=5, failures=1, best_secs=20e-6,
+                       baseline_secs=100e-6, status="budget")
+    slower = TaskReport(task, trials=3, best_secs=150e-6, baseline_secs=100e-6,
+                        status="converged")
     assert tuned.applied_secs == pytest.approx(20e-6) and tuned.tuned_applied
     assert tuned.speedup == pytest.approx(5.0)
     assert slower.applied_secs == pytest.approx(100e-6) and not slower.tuned_applied
     assert slower.speedup == pytest.approx(1.0)
-    lines = report.format_tuning_table([tuned, slower]).splitlines()
+    lines = format_tuning_table([tuned, slower]).splitlines()
     assert len(lines) == 5
     assert lines[2].split()[4:] == [f"{tuned.gflops:.2f}", "100.00", "20.00", "40.00", "5",
                                     "tuned", "budget"]

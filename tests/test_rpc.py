@@ -19,8 +19,8 @@ from relax_tune.measure import LocalBuilder, LocalRunner, RPCRunner, parse_rpc_s
 from relax_tune.tuning.tune import tune_tasks
 from relax_tune.utils import RelaxTuneError
 
-from rpc_cluster import LocalRPCCluster, free_port
-from workloads import matmul_mod
+from relax_tune.testing.rpc_cluster import LocalRPCCluster, free_port
+from relax_tune.testing.workloads import matmul_mod
 
 
 
@@ -90,7 +90,7 @@ def test_head_to_head_runs_on_one_server(cluster, builder, target):
     session on one server, one after another (``run`` would spread them over both servers,
     timed at once); the ratios still tell the untuned kernel from the tiled one."""
     from relax_tune.measure.head_to_head import head_to_head
-    from workloads import tiled_matmul_trace
+    from relax_tune.testing.workloads import tiled_matmul_trace
 
     mod = matmul_mod(128)
     info = utils.args_info(mod)

@@ -15,7 +15,7 @@ from tvm.relax.frontend import nn
 
 import relax_tune as rt
 from relax_tune.tuning.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress
-from relax_tune.search import candidate_key
+from relax_tune.database import candidate_key
 
 SMALL = {"num_trials_per_iter": 2, "min_task_share": 0.0}
 

@@ -12,7 +12,8 @@ import tvm_ffi
 from tvm import te, topi
 from tvm.s_tir import Schedule
 
-from relax_tune.search import (Candidate, ReplaySearch, SearchStrategy, candidate_key,
+from relax_tune.database import candidate_key
+from relax_tune.search import (Candidate, ReplaySearch, SearchStrategy,
                                make_search, search_names)
 from relax_tune.space import (generate_design_space, sampling_instructions, space_for_target,
                               validate_decisions, without_decisions)
@@ -82,7 +83,7 @@ def test_candidate_key_is_stable_across_replay_and_processes(target):
     replayed = schedule_from_json(mod, cand.trace_json)
     assert tvm_ffi.structural_equal(replayed.mod, cand.sch.mod)
     assert candidate_key(trace_to_json(replayed.trace)) == cand.key
-    code = ("import json,sys; from relax_tune.search import candidate_key; "
+    code = ("import json,sys; from relax_tune.database import candidate_key; "
             "print(candidate_key(json.loads(sys.stdin.read())))")
     out = subprocess.run([sys.executable, "-c", code], input=json.dumps(cand.trace_json),
                          capture_output=True, text=True, timeout=120, check=True)

@@ -13,9 +13,9 @@ import relax_tune as rt
 from relax_tune.cli import main as cli
 from relax_tune.config import OPTION_NAMES, TuneConfig, make_config
 from relax_tune.demo import demo_inputs, demo_model
-from relax_tune.work_dir import TASK_META_FILE, cost_model_dir, logs_dir, read_task_meta
+from relax_tune.work_dir import TASK_META_FILE, WorkDir
 from model_checks import untuned_output
-from workloads import matmul_mod
+from relax_tune.testing.workloads import matmul_mod
 
 SMALL = {"num_trials_per_iter": 2}
 
@@ -112,15 +112,15 @@ def test_pipeline_leaves_the_whole_session_in_work_dir_and_warm_starts(tmp_path,
     out = relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(inputs[0])).numpy()
     np.testing.assert_allclose(out, untuned_output(mod, target, inputs), rtol=1e-4, atol=1e-4)
 
-    meta = read_task_meta(wd)
+    meta = WorkDir.of(wd).read_task_meta()
     db = rt.JSONDatabase(work_dir=wd)
     assert {int(w.shash) for w in db.get_all_workloads()} == set(meta)
     # (AttachAttrLayoutFreeBuffers, for bound weights on CPU, adds a digit to names)
     assert sorted((v["name"].rstrip("0123456789"), v["weight"]) for v in meta.values()) == \
         [("fused_matmul_add_relu", 1), ("matmul", 1)]
     assert os.path.isfile(os.path.join(wd, TASK_META_FILE))
-    assert os.listdir(cost_model_dir(wd))
-    log = os.path.join(logs_dir(wd), "tune.log")
+    assert os.listdir(WorkDir.of(wd).cost_model_dir)
+    log = WorkDir.of(wd).log_file
     assert "[6/6 trials" in open(log, encoding="utf-8").read()  # the session's own log
 
     from relax_tune.cost_model import make_cost_model
@@ -132,7 +132,7 @@ def test_pipeline_leaves_the_whole_session_in_work_dir_and_warm_starts(tmp_path,
 def test_tune_tir_keeps_cost_model_and_task_names(tmp_path, target):
     wd = str(tmp_path / "w")
     rt.tune_tir(matmul_mod(32), target, wd, max_trials_global=3, **SMALL)
-    assert read_task_meta(wd) and os.listdir(cost_model_dir(wd))
+    assert WorkDir.of(wd).read_task_meta() and os.listdir(WorkDir.of(wd).cost_model_dir)
     with open(os.path.join(wd, TASK_META_FILE)) as f:
         assert json.load(f)[0]["name"] == "main"
 

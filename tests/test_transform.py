@@ -11,7 +11,8 @@ from tvm import relax
 
 import relax_tune as rt
 from relax_tune.demo import demo_inputs
-from relax_tune.search import ReplaySearch, candidate_key
+from relax_tune.database import candidate_key
+from relax_tune.search import ReplaySearch
 
 SMALL = {"num_trials_per_iter": 2}
 

@@ -9,9 +9,8 @@ import logging
 import os
 from collections.abc import Sequence
 
-from ..database import Database, TuningRecord, is_baseline
+from ..database import Database, TuningRecord, candidate_key, is_baseline
 from ..report import WorkloadSummary, short_target, summarize
-from ..search import candidate_key
 from ..utils import RelaxTuneError
 
 logger = logging.getLogger(__name__)

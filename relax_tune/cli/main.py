@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from ..utils import RelaxTuneError, host_target, parse_target
+from ..work_dir import WorkDir
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +68,15 @@ def _tune_config(args: argparse.Namespace):
     wanted = {"max_trials_global": args.trials, "max_trials_per_task": args.trials_per_task,
               "max_time": args.max_time, "task_scheduler": args.scheduler,
               "num_trials_per_iter": args.trials_per_iter, "strategy": args.strategy,
-              "seed": args.seed, "op_names": _split_names(args.op_names),
+              "seed": args.seed, "cost_model": args.cost_model,
+              "op_names": _split_names(args.op_names),
               "shape_hints": _dynamic_hints(args)}
     return make_config(**{k: v for k, v in wanted.items() if v is not None})
 
 
 # ---------------------------------------------------------------------------- tune
 def _task_table(reports: list) -> str:
-    from ..report import format_tuning_table
+    from ..tuning.progress import format_tuning_table
 
     return format_tuning_table(reports)
 
@@ -83,10 +85,9 @@ def _tune(args: argparse.Namespace) -> int:
     from ..tuning.extract import extract_tasks
     from ..model_loader import load_model, parse_shape_dict
     from ..tuning.tune import tune_tasks
-    from ..work_dir import check_work_dir
 
     config = _tune_config(args)
-    check_work_dir(args.work_dir)
+    work_dir = WorkDir.of(args.work_dir)
     target = parse_target(_target_arg(args.target))
     model = load_model(args.model, parse_shape_dict(args.input_shape))
     tasks = extract_tasks(model.lowered(target), target, op_names=config.op_names,
@@ -100,7 +101,7 @@ def _tune(args: argparse.Namespace) -> int:
     runner = make_rpc_runner(args.rpc) if args.rpc else None
     start = time.perf_counter()
     try:
-        reports = tune_tasks(tasks, args.work_dir, config, runner=runner)
+        reports = tune_tasks(tasks, work_dir, config, runner=runner)
     except KeyboardInterrupt:
         print(f"\nrelax-tune: interrupted; every measured trial is kept in {args.work_dir}: "
               "run the same command again to resume", file=sys.stderr)
@@ -129,7 +130,6 @@ def _compile(args: argparse.Namespace) -> int:
     from ..tuning.extract import extract_tasks
     from ..measure import cross
     from ..model_loader import load_model, parse_shape_dict
-    from ..report import open_work_dir
 
     target = parse_target(_target_arg(args.target))
     mode = cross.link_mode(target)  # a target of another ISA: its cross compiler links
@@ -138,13 +138,14 @@ def _compile(args: argparse.Namespace) -> int:
         raise RelaxTuneError(f"no {triple}-gcc or {triple}-g++ on PATH to link {args.output} "
                              f"for {triple}: install a cross compiler (Debian: apt-get install "
                              f"gcc-{triple}) or write an archive the device links (-o model.tar)")
-    db = open_work_dir(args.work_dir)
+    work_dir = WorkDir.of(args.work_dir)
+    db = work_dir.open_existing()
     model = load_model(args.model, parse_shape_dict(args.input_shape))
     hints = _dynamic_hints(args)
     tasks = extract_tasks(model.lowered(target), target, shape_hints=hints)
     best = [db.query_tuning_record(t.mod, target) for t in tasks]
     tuned = sum(1 for rec in best if rec is not None and not is_baseline(rec))
-    pipeline = model.compile_pipeline(target, args.work_dir, max_trials_global=0,
+    pipeline = model.compile_pipeline(target, work_dir, max_trials_global=0,
                                       shape_hints=hints)
     ex = tvm.compile(model.mod, target, relax_pipeline=pipeline)
     out = os.path.abspath(args.output)
@@ -163,59 +164,53 @@ def _db_target(args: argparse.Namespace) -> dict | None:
 
 
 def _db_show(args: argparse.Namespace) -> int:
-    from ..report import format_table, open_work_dir, read_task_meta, summarize
+    from ..report import format_table, summarize
 
-    db = open_work_dir(args.work_dir)
-    summaries = summarize(db, read_task_meta(args.work_dir), _db_target(args))
+    work_dir = WorkDir.of(args.work_dir)
+    db = work_dir.open_existing()
+    summaries = summarize(db, work_dir.read_task_meta(), _db_target(args))
     print(f"{args.work_dir}: {len(summaries)} workloads, {len(db)} records")
     print(format_table(summaries))
     return 0
 
 
 def _db_merge(args: argparse.Namespace) -> int:
-    from ..database import JSONDatabase
     from .db_tools import merge_databases
-    from ..report import open_work_dir, read_task_meta, write_task_meta
 
-    sources = [open_work_dir(d) for d in args.sources]
-    dest = JSONDatabase(work_dir=args.output)
-    added = merge_databases(sources, dest)
-    _merge_meta(args.sources, args.output, read_task_meta, write_task_meta)
+    sources = [WorkDir.of(d) for d in args.sources]
+    output = WorkDir.of(args.output)
+    dest = output.open_database()
+    added = merge_databases([src.open_existing() for src in sources], dest)
+    _merge_meta(sources, output)
     print(f"relax-tune: merged {len(args.sources)} databases into {args.output}: {added} "
           f"records added, {len(dest)} in all")
     return 0
 
 
-def _merge_meta(sources, output, read_meta, write_meta) -> None:
+def _merge_meta(sources: "list[WorkDir]", output: "WorkDir") -> None:
     """Carry tasks.json (task names and weights) over to a merged or pruned work_dir."""
-    from types import SimpleNamespace
-
     meta: dict[int, dict] = {}
     for src in sources:
-        meta.update(read_meta(src))
+        meta.update(src.read_task_meta())
     if meta:
-        write_meta(output, [SimpleNamespace(shash=k, task_name=v.get("name", ""),
-                                            weight=v.get("weight", 1),
-                                            func_names=v.get("func_names", []))
-                            for k, v in meta.items()])
+        output.write_meta({**output.read_task_meta(), **meta})
 
 
 def _db_prune(args: argparse.Namespace) -> int:
-    from ..database import JSONDatabase
     from .db_tools import prune_database
-    from ..report import open_work_dir, read_task_meta, write_task_meta
 
-    if os.path.abspath(args.output) == os.path.abspath(args.work_dir):
+    work_dir, output = WorkDir.of(args.work_dir), WorkDir.of(args.output)
+    if os.path.abspath(output.path) == os.path.abspath(work_dir.path):
         raise RelaxTuneError("prune writes a new work_dir: give -o a directory other than "
                              f"{args.work_dir!r} (the source is never modified)")
-    source = open_work_dir(args.work_dir)
-    dest = JSONDatabase(work_dir=args.output)
+    source = work_dir.open_existing()
+    dest = output.open_database()
     if len(dest):
         raise RelaxTuneError(f"{args.output!r} already holds {len(dest)} records: prune into "
                              "an empty or new directory")
     written = prune_database(source, dest, top_k=args.top_k,
                              keep_baseline=not args.drop_baseline)
-    _merge_meta([args.work_dir], args.output, read_task_meta, write_task_meta)
+    _merge_meta([work_dir], output)
     print(f"relax-tune: kept {written} of {len(source)} records (top {args.top_k} per "
           f"workload{'' if args.drop_baseline else ' + untuned baseline'}) in {args.output}")
     return 0
@@ -223,11 +218,10 @@ def _db_prune(args: argparse.Namespace) -> int:
 
 def _db_export(args: argparse.Namespace) -> int:
     from .db_tools import export_database
-    from ..report import open_work_dir, read_task_meta
 
+    work_dir = WorkDir.of(args.work_dir)
     fmt = args.format or ("csv" if args.output.lower().endswith(".csv") else "json")
-    n = export_database(open_work_dir(args.work_dir), args.output, fmt,
-                        read_task_meta(args.work_dir))
+    n = export_database(work_dir.open_existing(), args.output, fmt, work_dir.read_task_meta())
     what = "workloads (best schedule each)" if fmt == "json" else "records"
     print(f"relax-tune: exported {n} {what} to {args.output}")
     return 0
@@ -245,7 +239,7 @@ def _report(args: argparse.Namespace) -> int:
         target = parse_target(_target_arg(args.target))
         meta = task_meta_from_tasks(extract_tasks(load_model(args.model).lowered(target),
                                                   target))
-    files = write_report(args.work_dir, args.output, meta=meta, target=_db_target(args)
+    files = write_report(WorkDir.of(args.work_dir), args.output, meta=meta, target=_db_target(args)
                          if args.target and not args.model else None, html_too=args.html)
     for path in files.summary + files.plots:
         print(path)
@@ -311,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--strategy", default=None,
                       help="search strategy by name (default: the tuner's)")
     tune.add_argument("--seed", type=int, default=None, help="random seed of the search")
+    tune.add_argument("--cost-model", default=None, metavar="NAME",
+                      help="the model that ranks candidates: xgb-prior (default: pre-trained, "
+                           "adapting to the session), xgb (learns from this session only), "
+                           "random or none")
     tune.add_argument("--dynamic", action="append", default=None, metavar="NAME=S1,S2,...",
                       help="sizes a symbolic dimension is tuned at, e.g. n=1,16,64,256,1024 "
                            "(SIZE:WEIGHT weighs a size; repeat for more variables); default: "

@@ -4,10 +4,10 @@
                                                     # or "xgb" (session only), "random", "none"
     scores = model.predict(task_name, [cand.sch for cand in candidates])
     model.update(task_name, [c.sch for c in measured], run_secs, keys=[c.key ...])
-    model.save(cost_model_dir(work_dir))
+    model.save(WorkDir.of(work_dir).cost_model_dir)
 """
 
-from .base import (CostModel, RandomModel, cost_model_dir, cost_model_names, make_cost_model,
+from .base import (CostModel, RandomModel, cost_model_names, make_cost_model,
                    register_cost_model)
 from .features import (FEATURE_VERSION, N_FEATURES, extract_features, extract_features_batch,
                        feature_names)
@@ -17,6 +17,6 @@ from .transfer import target_facts, transfer_features
 
 __all__ = [
     "CostModel", "FEATURE_VERSION", "N_FEATURES", "PriorXGBModel", "RandomModel", "XGBModel",
-    "cost_model_dir", "cost_model_names", "extract_features", "extract_features_batch", "feature_names",
+    "cost_model_names", "extract_features", "extract_features_batch", "feature_names",
     "make_cost_model", "register_cost_model", "target_facts", "transfer_features",
 ]

@@ -9,6 +9,7 @@ import numpy as np
 from tvm.s_tir import Schedule
 
 from ..utils import RelaxTuneError
+from ..work_dir import WorkDir
 from .features import extract_features_batch
 
 logger = logging.getLogger("relax_tune.cost_model")
@@ -100,14 +101,7 @@ def cost_model_names() -> list[str]:
     return sorted(list(_MODELS) + ["none"])
 
 
-def cost_model_dir(work_dir: str) -> str:
-    """Where a work_dir keeps its saved cost model (``relax_tune.work_dir``)."""
-    from ..work_dir import cost_model_dir as in_work_dir
-
-    return in_work_dir(work_dir)
-
-
-def make_cost_model(name: "str | CostModel | None", work_dir: str | None = None
+def make_cost_model(name: "str | CostModel | None", work_dir: "WorkDir | str | None" = None
                     ) -> CostModel | None:
     """The cost model named ``name`` ("xgb-prior": the pre-trained model adapting to the
     session, the configuration's default; "xgb" or "xgb-fresh": XGBoost learning from the
@@ -126,10 +120,10 @@ def make_cost_model(name: "str | CostModel | None", work_dir: str | None = None
         raise RelaxTuneError(f"unknown cost model {name!r}: use one of {cost_model_names()}")
     model = factory()
     if work_dir is not None:
+        path = WorkDir.of(work_dir).cost_model_dir
         try:
-            if model.load(cost_model_dir(work_dir)):
-                logger.info("cost model %s: warm start from %s", name, cost_model_dir(work_dir))
+            if model.load(path):
+                logger.info("cost model %s: warm start from %s", name, path)
         except Exception as err:  # a stale or damaged model file must not stop tuning
-            logger.warning("cost model in %s not loaded (%s); starting fresh",
-                           cost_model_dir(work_dir), err)
+            logger.warning("cost model in %s not loaded (%s); starting fresh", path, err)
     return model

@@ -1,8 +1,8 @@
 """The pre-trained cost model: ranks a new task's candidates before its first measurement.
 
 ``PriorXGBModel`` (``cost_model="xgb-prior"``, the default) starts from an XGBoost ranking model
-trained on a corpus of measured candidates of many workloads (``benchmarks/make_corpus.py``,
-``benchmarks/train_prior.py``) and shipped in the package (``pretrained/``). It scores
+trained on a corpus of measured candidates of many workloads (``tools/prior/make_corpus.py``,
+``tools/prior/train_prior.py``) and shipped in the package (``pretrained/``). It scores
 candidates on ``transfer.transfer_features``: the raw program features, the same centred on
 the task, and what the target says about the machine.
 
@@ -17,7 +17,7 @@ During tuning it adapts to the session's measurements (``adapt``):
   update.
 - ``"none"``: the pre-trained model alone.
 
-``benchmarks/evaluate_prior.py`` measures which adaptation ranks held-out workloads best.
+``tools/prior/evaluate_prior.py`` measures which adaptation ranks held-out workloads best.
 Without the shipped file (a damaged install) the model logs a warning and behaves as the
 fresh model. The session's data are saved and loaded in ``XGBModel``'s format (the
 pre-trained part is never written to a work_dir), so a work_dir warm-starts either model.
@@ -74,7 +74,7 @@ def load_prior(model_path: str | None = None, meta_path: str | None = None):
         raise ValueError(f"pre-trained model {model_path} was made for other features "
                          f"(feature/transfer version {meta.get('feature_version')}/"
                          f"{meta.get('transfer_version')}, this is {FEATURE_VERSION}/"
-                         f"{TRANSFER_VERSION}); retrain it with benchmarks/train_prior.py")
+                         f"{TRANSFER_VERSION}); retrain it with python -m tools.prior.train_prior")
     booster = xgb.Booster()
     booster.load_model(model_path)
     booster.set_param({"nthread": 1})

@@ -12,7 +12,7 @@ from .equality import MODULE_EQUALITIES, ModuleEquality
 from .indexed import IndexedDatabase
 from .json_database import TUNING_RECORD_FILE, WORKLOAD_FILE, JSONDatabase
 from .memory import MemoryDatabase
-from .records import BASELINE_TRACE, TuningRecord, Workload, is_baseline
+from .records import BASELINE_TRACE, TuningRecord, Workload, candidate_key, is_baseline
 from .schedule_fn import ScheduleFnDatabase
 from .union import OrderedUnionDatabase, UnionDatabase
 
@@ -31,5 +31,6 @@ __all__ = [
     "UnionDatabase",
     "WORKLOAD_FILE",
     "Workload",
+    "candidate_key",
     "is_baseline",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -27,6 +28,7 @@ from tvm.s_tir.schedule import InstructionKind
 from ..utils import (
     FAILED_RUN_SECS,
     RelaxTuneError,
+    error_line,
     parse_target,
     schedule_from_json,
     structural_hash,
@@ -112,8 +114,8 @@ def target_from_config(config: dict) -> tvm.target.Target:
     try:
         return _target_from_text(json.dumps(config, sort_keys=True))
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise RelaxTuneError(f"the record's target {config!r} is not a TVM target ({first})") \
+        raise RelaxTuneError(f"the record's target {config!r} is not a TVM target "
+                             f"({error_line(err)})") \
             from None
 
 
@@ -350,6 +352,13 @@ class TuningRecord:
             if isinstance(err, RelaxTuneError):
                 raise
             raise RelaxTuneError(f"bad tuning record ({err})") from None
+
+
+def candidate_key(trace_json: list) -> str:
+    """A record's identity: a stable digest of its trace's instructions and decisions (the
+    same schedule gives the same key in every process; it hashes the canonical JSON text)."""
+    text = json.dumps(trace_json, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
 def is_baseline(record_or_trace: TuningRecord | list | Trace | Schedule | None) -> bool:

@@ -36,7 +36,7 @@ from ..database import Database, is_baseline
 from .rank import (BUCKET_ALTERNATIVES, bucket_records, ranking_for,
                             read_rankings)
 from ..measure.head_to_head import head_to_head
-from ..search import candidate_key
+from ..database import candidate_key
 from ..utils import args_info, normalize_mod, structural_hash
 from ..work_dir import read_json_entries, write_json
 

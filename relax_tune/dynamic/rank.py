@@ -27,7 +27,7 @@ import tvm
 
 from .. import dynamic
 from ..database import Database, is_baseline
-from ..search import candidate_key
+from ..database import candidate_key
 from ..utils import args_info, normalize_mod, structural_hash
 from ..work_dir import read_json_entries, write_json
 

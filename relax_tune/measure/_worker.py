@@ -12,16 +12,17 @@ The module-level caches below live in the worker processes only (one copy per wo
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import tvm
 
-from .. import dynamic
 from ..database import is_baseline
 from ..space.gpu.compile import ensure_cuda_compiler
 from ..space.cpu.layout_rewrite import measurable_module
@@ -38,6 +39,15 @@ def init_worker() -> None:
     ensure_tvm_threads()
     ensure_cuda_compiler()
 
+
+BUILD_WITH_ATTR = "relax_tune.build_with"
+"""Function attribute of a workload that builds itself: ``"relax_tune.module:function"``,
+a function ``(mod, trace_json or None) -> IRModule | str`` the build worker calls instead
+of replaying the trace on ``mod`` (or taking ``mod`` as the baseline): the module to
+compile, or why the candidate cannot be built (its build error, as it is). So a workload
+whose candidates are built in a way measurement knows nothing of (a symbolic function's
+bucket timed as it will run) carries that way with it; only functions of ``relax_tune``
+are called."""
 
 _MAX_WORKLOADS = 32
 _CLEARLY_SLOW = 3.0  # a warm-up over this many times max_secs is not called again
@@ -93,13 +103,25 @@ def _replay_error(mod: tvm.IRModule, trace: list, err: Exception) -> str:
     return "trace does not replay: " + short_error(err)
 
 
+def _builder_of(mod: tvm.IRModule) -> Callable[[tvm.IRModule, list | None], Any] | None:
+    """The function a workload builds itself with (``BUILD_WITH_ATTR``), or None."""
+    attrs = mod["main"].attrs
+    if attrs is None or BUILD_WITH_ATTR not in attrs:
+        return None
+    module, _, name = str(attrs[BUILD_WITH_ATTR]).partition(":")
+    if not module.startswith("relax_tune.") or not name:
+        raise ValueError(f"{BUILD_WITH_ATTR} {str(attrs[BUILD_WITH_ATTR])!r} names no "
+                         "function of relax_tune")
+    return getattr(importlib.import_module(module), name)
+
+
 def build_candidate(digest: str, script: str, target_json: str, trace_json: str | None,
                     out_path: str, link: str = "") -> tuple[str | None, float]:
     """Replay ``trace_json`` (plain-JSON trace; None or the empty trace: the task's
     baseline, the workload as it is or a GPU target's default schedule,
     ``baseline.baseline_module``) on the workload, compile it for the target and export it
-    to ``out_path`` (a ``.so`` exposing ``main``). A symbolic workload marked by
-    ``dynamic.dispatch_workload`` is built as its bucket's dispatch instead. ``link``
+    to ``out_path`` (a ``.so`` exposing ``main``). A workload that names its builder
+    (``BUILD_WITH_ATTR``) is built by it instead. ``link``
     (``cross.link_mode``): "" links with the host compiler, "tar" writes an archive of
     object files (``out_path`` ends in ``.tar``), anything else is the compiler that
     links. Returns ``(error or None, seconds spent)``."""
@@ -111,14 +133,14 @@ def build_candidate(digest: str, script: str, target_json: str, trace_json: str 
         trace = None if trace_json is None else json.loads(trace_json)
         if trace is not None and is_baseline(trace):
             trace = None
-        stage = "replay trace on the symbolic function"
-        try:  # a bucket's dispatch (dynamic.dispatch_workload), or None
-            dispatch = dynamic.dispatch_module(mod, trace)
-        except Exception as err:  # noqa: BLE001 - ScheduleError, TVMError, ...
-            return ("does not replay on the symbolic function: " + short_error(err),
-                    time.perf_counter() - start)
-        if dispatch is not None:
-            mod = dispatch
+        stage = "find the workload's builder"
+        builder = _builder_of(mod)
+        if builder is not None:  # the workload builds itself (BUILD_WITH_ATTR)
+            stage = "build with " + str(mod["main"].attrs[BUILD_WITH_ATTR])
+            built = builder(mod, trace)
+            if isinstance(built, str):  # why it cannot be built
+                return built, time.perf_counter() - start
+            mod = built
         elif trace is not None:
             stage = "replay trace"
             try:

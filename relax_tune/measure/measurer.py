@@ -1,6 +1,6 @@
 """The measurement protocol of a tuning session, all of it: ``Measurer``.
 
-The tuner (``relax_tune.tune``) hands ``Measurer.measure`` one batch of one task at a time
+The tuning loop (``relax_tune.tuning.loop``) hands ``Measurer.measure`` one batch of one task at a time
 and commits what comes back; how a candidate gets its time is decided here, in this order:
 
 1. Build the batch (the search prepares its next batch while the workers compile).

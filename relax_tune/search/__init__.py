@@ -11,7 +11,7 @@ from typing import Callable
 import tvm
 
 from ..utils import RelaxTuneError
-from .base import Candidate, SearchContext, SearchStrategy, candidate_key
+from .base import Candidate, SearchContext, SearchStrategy
 from .evolutionary import EvolutionarySearch
 from .replay import ReplaySearch
 
@@ -35,5 +35,5 @@ def make_search(name: str, mod: tvm.IRModule, target: tvm.target.Target,
     return factory(mod, target, seed=seed, context=context or SearchContext())
 
 
-__all__ = ["Candidate", "EvolutionarySearch", "ReplaySearch", "SearchContext", "SearchStrategy", "candidate_key", "make_search",
+__all__ = ["Candidate", "EvolutionarySearch", "ReplaySearch", "SearchContext", "SearchStrategy", "make_search",
            "search_names"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,13 +42,6 @@ class Candidate:
 
     def __repr__(self) -> str:
         return f"Candidate(key={self.key!r})"
-
-
-def candidate_key(trace_json: list) -> str:
-    """A stable digest of a trace's instructions and decisions: the same schedule gives the
-    same key in every process (it hashes the canonical JSON text)."""
-    text = json.dumps(trace_json, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
 @dataclass

@@ -73,7 +73,8 @@ from ..database.records import is_baseline
 from ..space import sketch_part, space_for_target, without_decisions
 from ..space.params import target_params
 from ..utils import FAILED_RUN_SECS, schedule_from_json, structural_hash
-from .base import Candidate, SearchContext, SearchStrategy, candidate_key
+from ..database.records import candidate_key
+from .base import Candidate, SearchContext, SearchStrategy
 from .mutators import Mutator, default_mutators
 from .replayer import Job, Outcome, Replayer, decisions_of, with_decisions
 

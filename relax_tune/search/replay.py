@@ -10,7 +10,8 @@ from tvm.s_tir import Trace
 
 from ..space import space_for_target, without_decisions
 from ..utils import structural_hash, trace_to_json
-from .base import Candidate, SearchContext, SearchStrategy, candidate_key
+from ..database.records import candidate_key
+from .base import Candidate, SearchContext, SearchStrategy
 
 logger = logging.getLogger("relax_tune.search")
 

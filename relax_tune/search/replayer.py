@@ -33,8 +33,8 @@ from tvm.s_tir import Schedule, Trace
 from ..cost_model.features import extract_features
 from ..measure._worker import _target, _workload, script_digest
 from ..space import space_for_target, without_decisions
-from ..utils import structural_hash, to_plain, trace_to_json
-from .base import candidate_key
+from ..utils import error_line, structural_hash, to_plain, trace_to_json
+from ..database.records import candidate_key
 
 logger = logging.getLogger("relax_tune.search")
 
@@ -145,7 +145,7 @@ def replay_in_worker(digest: str, script: str, target_json: str, sketches: dict,
         try:
             res = replay_job(space, mod, sketch, decisions, seed)
         except Exception as err:  # noqa: BLE001 - the job fails, the others go on
-            out.append([f"replay failed: {type(err).__name__} {err}".splitlines()[0]])
+            out.append([f"replay failed: {error_line(err, with_type=True)}"])
             continue
         if not res.ok:
             out.append([res.error])

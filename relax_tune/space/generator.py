@@ -11,6 +11,7 @@ import tvm
 from tvm import tirx
 from tvm.s_tir import Schedule, Trace
 
+from ..utils import error_line
 from . import analysis as A
 from .params import TargetParams, target_params
 from .rule import FunctionRule, Postproc, ScheduleRule
@@ -212,8 +213,7 @@ class SpaceGenerator:
                 if not post.apply(sch):
                     return f"{post} rejected the candidate"
             except Exception as err:
-                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-                return f"{post} failed: {type(err).__name__} {first}"
+                return f"{post} failed: {error_line(err, with_type=True)}"
         return None
 
     def replay(self, mod: tvm.IRModule, trace: Trace, seed: int | None = None,
@@ -230,8 +230,7 @@ class SpaceGenerator:
             sch = _new_schedule(mod, seed)
             sketch.apply_to_schedule(sch, remove_postproc=True)
         except Exception as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            return Replayed(None, f"replay failed: {type(err).__name__} {first}")
+            return Replayed(None, f"replay failed: {error_line(err, with_type=True)}")
         reason = validate_decisions(sketch, sch.trace)
         if reason is not None:
             return Replayed(None, reason)

@@ -9,6 +9,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import SBlockRV
 
 from . import analysis as A
+from ..utils import error_line
 from .rule import ScheduleRule
 
 logger = logging.getLogger("relax_tune.space")
@@ -52,8 +53,7 @@ class AutoInline(ScheduleRule):
                 logger.debug("inlined %s into its %s", name, how)
                 break
             except Exception as err:  # ScheduleError: not inlinable; the schedule is unchanged
-                logger.debug("cannot inline %s into its %s: %s", name, how,
-                             str(err).splitlines()[0] if str(err) else type(err).__name__)
+                logger.debug("cannot inline %s into its %s: %s", name, how, error_line(err))
         return [sch]
 
     def inline_options(self, sch: Schedule, block: SBlockRV) -> list[str]:

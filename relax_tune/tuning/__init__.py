@@ -7,6 +7,8 @@ the tasks first.
 """
 
 from .extract import ExtractedTask, Task, extract_tasks
+from .state import TaskReport
 from .tune import tune_relax, tune_tasks, tune_tir
 
-__all__ = ["ExtractedTask", "Task", "extract_tasks", "tune_relax", "tune_tasks", "tune_tir"]
+__all__ = ["ExtractedTask", "Task", "TaskReport", "extract_tasks", "tune_relax", "tune_tasks",
+           "tune_tir"]

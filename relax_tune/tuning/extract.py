@@ -12,7 +12,8 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.s_tir import analysis as s_analysis
 
-from .. import dynamic
+from ..dynamic.hints import normalize_hints
+from ..dynamic.workloads import bucket_tasks, check_hint_names, upper_bounds
 from ..lowering.prepare import bind_and_fold, bind_params  # noqa: F401 (bind_params re-exported)
 from ..utils import (RelaxTuneError, args_info, dynamic_shape_vars, normalize_mod, parse_target,
                     structural_hash)
@@ -114,40 +115,6 @@ def check_op_names(op_names: Sequence[str] | None, names: Iterable[str]) -> None
             f"{', '.join(sorted(set(names))) or '(none)'}")
 
 
-def upper_bounds(mod: tvm.IRModule) -> dict[str, int]:
-    """``{var name: bound}`` from the ``tir_var_upper_bound`` attributes of the Relax
-    functions of ``mod`` (the smallest bound when several functions give one)."""
-    out: dict[str, int] = {}
-    for _, func in mod.functions.items():
-        if not isinstance(func, relax.Function) or func.attrs is None:
-            continue
-        bounds = func.attrs.get("tir_var_upper_bound", None)
-        for name, value in (bounds.items() if bounds is not None else []):
-            value = int(value.value if hasattr(value, "value") else value)
-            out[str(name)] = min(out.get(str(name), value), value)
-    return out
-
-
-def dynamic_workloads(func: tirx.PrimFunc, shape_hints=None,
-                      bounds: dict[str, int] | None = None
-                      ) -> list[tuple[dynamic.Bucket, tvm.IRModule]]:
-    """The specialised workloads of a function with symbolic dimensions: one per bucket
-    (``dynamic.buckets_for``), smallest first. Weights are not marked layout-free in them:
-    the buckets of one function share its weights, so none may repack them for itself.
-    ``RelaxTuneError`` when the function cannot be specialised."""
-    func = dynamic_base(func)
-    return [(b, normalize_mod(dynamic.specialize(func, dict(b.sizes))))
-            for b in dynamic.buckets_for(func, shape_hints, bounds)]
-
-
-def dynamic_base(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """A symbolic function as its buckets are tuned and replayed: without
-    ``layout_free_buffers``."""
-    if func.attrs is not None and "layout_free_buffers" in func.attrs:
-        return func.without_attr("layout_free_buffers")
-    return func
-
-
 def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None = None,
                   params: dict | None = None, shape_hints=None) -> list[Task]:
     """List the tunable tasks of ``mod``.
@@ -173,13 +140,13 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
         only on them folded, before extraction (``prepare.bind_and_fold``).
     shape_hints: ``{"n": [1, 16, 64]}`` or ``{"n": {16: 2.0, 64: 1.0}}`` (size: weight):
         the sizes each symbolic variable is tuned at; a variable without a hint takes
-        ``dynamic.default_sizes`` (1 and powers of 4 up to its ``tir_var_upper_bound``, or
-        up to 1024).
+        ``relax_tune.dynamic.default_sizes`` (1 and powers of 4 up to its
+        ``tir_var_upper_bound``, or up to 1024).
     """
     if not isinstance(mod, tvm.IRModule):
         raise RelaxTuneError(f"extract_tasks expects a tvm.IRModule, not {type(mod).__name__}")
     target = parse_target(target)
-    hints = dynamic.normalize_hints(shape_hints)
+    hints = normalize_hints(shape_hints)
     mod = bind_and_fold(mod, params, target)
     bounds = upper_bounds(mod)
     relax_mod = _has_relax_functions(mod)
@@ -198,7 +165,7 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
         logger.warning("no call_tir sites found: was the module legalized? "
                        "Run relax.get_pipeline('zero') (or LegalizeOps + FuseOps + FuseTIR) first")
     check_op_names(op_names, [name for name, _, _ in candidates])
-    _check_hint_names(hints, candidates)
+    check_hint_names(hints, [func for _, func, _ in candidates])
 
     tasks: list[Task] = []
     by_hash: dict[int, list[Task]] = {}
@@ -208,31 +175,13 @@ def extract_tasks(mod: tvm.IRModule, target=None, op_names: Sequence[str] | None
         if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
             logger.info("skipping %s: already scheduled (tirx.is_scheduled)", name)
             continue
-        if dynamic_shape_vars(func):
-            _add_dynamic(tasks, by_hash, name, func, weight, target, hints, bounds)
+        if dynamic_shape_vars(func):  # one task per bucket (relax_tune.dynamic.workloads)
+            for b in bucket_tasks(name, func, weight, target, hints, bounds):
+                _add_task(tasks, by_hash, name, b.workload, b.weight, target,
+                          task_name=b.task_name, shape=b.shape, symbolic=b.symbolic)
             continue
         _add_task(tasks, by_hash, name, normalize_mod(func), weight, target)
     return tasks
-
-
-def _check_hint_names(hints, candidates) -> None:
-    """A shape hint must name a symbolic variable of the module: raise ``RelaxTuneError``
-    listing the ones it has (a misspelling would otherwise tune the default sizes)."""
-    if not hints:
-        return
-    names = sorted({str(v.name) for _, func, _ in candidates
-                    for v in dynamic.symbolic_vars(func)})
-    unknown = sorted(set(hints) - set(names))
-    if not unknown:
-        return
-    if not names:
-        logger.warning("shape hints %s unused: the module has no symbolic dimension",
-                       ", ".join(unknown))
-        return
-    raise RelaxTuneError(
-        f"shape hint {', '.join(map(repr, unknown))} names no symbolic variable of the module; "
-        f"it has {', '.join(names)} (a model from torch.export names its dynamic dimensions "
-        "after PyTorch's symbols, e.g. s27: hint those)")
 
 
 def _add_task(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,
@@ -251,31 +200,3 @@ def _add_task(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,
                 shash=shash, func_names=[name], shape=shape, symbolic=symbolic)
     by_hash.setdefault(shash, []).append(task)
     tasks.append(task)
-
-
-def _add_dynamic(tasks: list[Task], by_hash: dict[int, list[Task]], name: str,
-                 func: tirx.PrimFunc, weight: int, target, hints, bounds) -> None:
-    """One task per bucket of a function with symbolic dimensions (or a logged skip)."""
-    if target.kind.name != "llvm":  # ApplyDatabase builds the dispatch on CPU only
-        logger.warning("skipping %s: dynamic shape (symbolic %s) is tuned on CPU (llvm) "
-                       "targets only; %s runs its default schedule", name,
-                       ", ".join(dynamic_shape_vars(func)), target.kind.name)
-        return
-    try:
-        specialised = dynamic_workloads(func, hints, bounds)
-    except RelaxTuneError as err:
-        logger.warning("skipping %s: dynamic shape (symbolic %s): %s", name,
-                       ", ".join(dynamic_shape_vars(func)), err)
-        return
-    unhinted = [v.name for v in dynamic.symbolic_vars(func) if v.name not in (hints or {})]
-    if unhinted:
-        logger.info("%s: symbolic %s tuned at the default sizes %s (give shape_hints / "
-                    "--dynamic to choose them)", name, ", ".join(unhinted),
-                    ", ".join(sorted({b.label for b, _ in specialised},
-                                     key=lambda x: [int(p.split("=")[1]) for p in x.split(",")])))
-    symbolic = normalize_mod(dynamic_base(func))
-    for bucket, workload in specialised:
-        w = weight * bucket.weight
-        _add_task(tasks, by_hash, name, workload, int(w) if float(w).is_integer() else w,
-                  target, task_name=f"{name}[{bucket.label}]", shape=dict(bucket.sizes),
-                  symbolic=symbolic)

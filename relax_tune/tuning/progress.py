@@ -1,5 +1,5 @@
 """What a person sees while tuning: one live progress bar and a tuning table per round on a
-terminal; plain log lines otherwise; the full log in ``work_dir/logs``."""
+terminal; plain log lines otherwise; the full log in the work_dir's ``logs/tune.log``."""
 
 from __future__ import annotations
 
@@ -8,10 +8,36 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ..report import format_tuning_table
+if TYPE_CHECKING:
+    from .state import TaskReport
+
 
 logger = logging.getLogger(__name__)
+
+
+def format_tuning_table(reports: "Sequence[TaskReport]") -> str:
+    """The tuning table: task, FLOP, weight, GFLOP/s, latency, weighted latency, trials,
+    what is applied (tuned schedule or the untuned function) and whether the task is done."""
+    head = (f"{'#':>3} {'task':<28}{'FLOP':>10}{'weight':>7}{'GFLOP/s':>9}{'untuned us':>12}"
+            f"{'best us':>10}{'weighted us':>12}{'trials':>7}  {'applied':<8}{'done':<10}")
+    lines = [head, "-" * len(head)]
+    total = 0.0
+    for i, r in enumerate(reports):
+        applied = r.applied_secs
+        weighted = applied * r.weight if applied else None
+        total += weighted or 0.0
+
+        def us(x):
+            return f"{x * 1e6:.2f}" if x else "-"
+        lines.append(
+            f"{i:>3} {r.task_name[:27]:<28}{r.flops:>10.3g}{r.weight:>7}"
+            f"{(f'{r.gflops:.2f}' if r.gflops else '-'):>9}{us(r.baseline_secs):>12}"
+            f"{us(r.best_secs):>10}{us(weighted):>12}{r.trials:>7}  "
+            f"{('tuned' if r.tuned_applied else 'untuned'):<8}{r.status:<10}")
+    lines.append(f"estimated end-to-end (sum of weighted latencies): {total * 1e6:.2f} us")
+    return "\n".join(lines)
 
 
 class Progress:
@@ -20,15 +46,16 @@ class Progress:
     On a terminal (``stderr`` is a TTY) a tqdm bar shows trials done/total, elapsed time,
     ETA and the current task, and the tuning table is printed above it after each round.
     Otherwise nothing is printed: one INFO log line per batch (and per baseline timed
-    before the first trial) goes to the ``relax_tune`` logger. When ``log_dir`` is given,
-    everything down to DEBUG is also written to ``log_dir/tune.log``.
+    before the first trial) goes to the ``relax_tune`` logger. When ``log_file`` is given,
+    everything down to DEBUG is also written to it.
     """
 
-    def __init__(self, total: int, log_dir: str | None = None, enable_bar: bool | None = None):
+    def __init__(self, total: int, log_file: str | None = None,
+                 enable_bar: bool | None = None):
         self.total = total
         self.done = 0
         self.start = time.perf_counter()
-        self._handler = self._open_log(log_dir) if log_dir else None
+        self._handler = self._open_log(log_file) if log_file else None
         tty = sys.stderr.isatty() if enable_bar is None else enable_bar
         self._bar = None
         if tty and total > 0:
@@ -37,13 +64,13 @@ class Progress:
             self._bar = tqdm(total=total, unit="trial", dynamic_ncols=True, file=sys.stderr)
 
     @staticmethod
-    def _open_log(log_dir: str) -> logging.Handler | None:
+    def _open_log(log_file: str) -> logging.Handler | None:
         try:
-            os.makedirs(log_dir, exist_ok=True)
-            handler = logging.FileHandler(os.path.join(log_dir, "tune.log"))
+            os.makedirs(os.path.dirname(log_file) or ".", exist_ok=True)
+            handler = logging.FileHandler(log_file)
         except OSError as err:
             logger.warning("cannot write logs to %s (%s); going on without a log file",
-                           log_dir, err)
+                           log_file, err)
             return None
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
         _LogTee.install(handler)
@@ -52,7 +79,7 @@ class Progress:
     def baseline(self, report, index: int, count: int) -> None:
         """The untuned baseline of ``report``'s task was timed, ``index`` of ``count``. Before
         the first trial the baselines, and the search's first pools grown meanwhile, take
-        minutes on a large model (ResNet-18 with the pre-trained model: about 3)."""
+        minutes on a large model."""
         elapsed = time.perf_counter() - self.start
         untuned = f"{report.baseline_secs * 1e6:.2f} us" if report.baseline_secs else "failed"
         if self._bar is not None:

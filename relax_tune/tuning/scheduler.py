@@ -29,7 +29,7 @@ class TaskProgress:
         rounds: batches the task got in this run.
         active: False once the task hit its budget, converged or exhausted its space.
         scale: what one second of the task's latency is worth: 1 over the estimated model
-            time at the task's own size (``tune._shares``; 1.0 when all tasks are static,
+            time at the task's own size (``loop._shares``; 1.0 when all tasks are static,
             where only the order of tasks matters).
     """
 

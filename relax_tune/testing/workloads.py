@@ -1,4 +1,4 @@
-"""Workloads shared by the measurement tests and benchmarks (importable from tests/)."""
+"""Workloads shared by the measurement tests and the benchmarks (kernels built in code)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Tuning sessions replayed on measured corpora: which cost model and adaptation finds fast
 candidates in fewest trials, without timing anything.
 
-    python benchmarks/simulate_tuning.py                       # shipped prior vs fresh
-    python benchmarks/simulate_tuning.py --strategies blend finetune blend:batch=4 \\
-        --model /tmp/prior --seeds 4 --corpus benchmarks/corpus_tables/*.npz
+    python -m tools.prior.simulate_tuning                       # shipped prior vs fresh
+    python -m tools.prior.simulate_tuning --strategies blend finetune blend:batch=4 \\
+        --model /tmp/prior --seeds 4 --corpus tools/prior/corpus_tables/*.npz
 
 Each held-out task of the corpora (``--split``; tasks of at least ``--min-candidates`` valid
 candidates) is a universe: its measured candidates. A strategy tunes it as the tuner does, in
@@ -35,18 +35,16 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from corpus import TaskData, load_corpus, reference_rows  # noqa: E402
-from evaluate_prior import prior_model  # noqa: E402
+from relax_tune.cost_model import XGBModel
+from relax_tune.cost_model.features import FEATURE_VERSION
+from relax_tune.utils import FAILED_RUN_SECS
 
-from relax_tune.cost_model import XGBModel  # noqa: E402
-from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
-from relax_tune.utils import FAILED_RUN_SECS  # noqa: E402
+from tools.prior.corpus import TaskData, load_corpus, reference_rows
+from tools.prior.evaluate_prior import prior_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CORPUS = sorted(glob.glob(os.path.join(HERE, "corpus_tables", "*.npz")))
@@ -145,7 +143,7 @@ def simulated_tasks(corpus, split: str = "heldout", min_candidates: int = 100) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", nargs="+", default=DEFAULT_CORPUS,
-                        help="corpus tables or directories (default: benchmarks/corpus_tables)")
+                        help="corpus tables or directories (default: tools/prior/corpus_tables)")
     parser.add_argument("--strategies", nargs="+", default=["fresh", "prior", "blend"])
     parser.add_argument("--model", default=None,
                         help="a train_prior.py --out directory (default: the shipped model)")

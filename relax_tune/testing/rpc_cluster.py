@@ -1,6 +1,7 @@
 """A real RPC tracker and servers on 127.0.0.1, started as TVM's own command-line programs in
 their own process groups (stopping a group stops the session processes too; SIGTERM to the
-CLI alone leaves its popen worker listening). Used by tests/test_rpc.py and the RPC benchmark.
+CLI alone leaves its popen worker listening). Used by the RPC tests and
+benchmarks/measure_scale.py.
 """
 
 from __future__ import annotations

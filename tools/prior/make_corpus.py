@@ -1,20 +1,20 @@
 """Generate (or extend) a corpus of measured candidates for the pre-trained cost model.
 
-    python benchmarks/make_corpus.py --out /work/corpus --time-limit 3000   # on an idle machine
-    python benchmarks/make_corpus.py --out /work/corpus --list        # the workloads
-    python benchmarks/make_corpus.py --out /work/corpus --only 'matmul_.*' --trials 128
-    python benchmarks/make_corpus.py --out /work/corpus --time-limit 2400 \
-        --table benchmarks/corpus_tables/<cpu>_<mcpu>-c2_<date>_zoo.npz   # ... kept as a table
+    python -m tools.prior.make_corpus --out /work/corpus --time-limit 3000   # on an idle machine
+    python -m tools.prior.make_corpus --out /work/corpus --list        # the workloads
+    python -m tools.prior.make_corpus --out /work/corpus --only 'matmul_.*' --trials 128
+    python -m tools.prior.make_corpus --out /work/corpus --time-limit 2400 \
+        --table tools/prior/corpus_tables/<cpu>_<mcpu>-c2_<date>_zoo.npz   # ... kept as a table
 
 Every workload of ``WORKLOADS`` (the correctness zoo's operators at several shapes, the
 tasks of ``relax_tune.testing.models``, GEMM / convolution / attention shapes of common networks;
 with ``--real-models resnet18 mobilenet_v2 bert vit`` the tasks of the PyTorch models of
-``bench_real_models.py`` too, each task once) is
+``benchmarks/bench_real_models.py`` too, each task once) is
 tuned in its own work_dir, ``OUT/work/<workload>@<target tag>``: its first ``--random-trials``
 candidates by random sampling of the design space (replay search), the rest by the
 evolutionary search with a fresh XGBoost model, so the corpus holds both typical and good
 candidates. Then every measured candidate is written, with the target, its trace and its
-raw features, to ``OUT/records/<workload>@<tag>.jsonl`` (format: ``benchmarks/corpus.py``).
+raw features, to ``OUT/records/<workload>@<tag>.jsonl`` (format: ``tools/prior/corpus.py``).
 
 Resumable: a work_dir keeps its records, so a second run continues where the first stopped
 (or extends a workload to a larger ``--trials``); ``--time-limit`` stops after the batch in
@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -48,20 +47,19 @@ import tvm_ffi
 from tvm import te, topi
 from tvm.s_tir import SBlock
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_real_models import cpu_model  # noqa: E402
-from corpus import FORMAT_VERSION, load_corpus, read_records, write_table  # noqa: E402
+import relax_tune as rt
+from relax_tune.cost_model import FEATURE_VERSION, XGBModel, extract_features
+from relax_tune.cost_model.transfer import target_facts
+from relax_tune.database import JSONDatabase
+from relax_tune.database.records import is_baseline
+from relax_tune.tuning.extract import extract_tasks
+from relax_tune.measure import LocalRunner
+from relax_tune.search import candidate_key
+from relax_tune.tuning.tune import tune_tasks
+from relax_tune.utils import FAILED_RUN_SECS, normalize_mod, schedule_from_json
 
-import relax_tune as rt  # noqa: E402
-from relax_tune.cost_model import FEATURE_VERSION, XGBModel, extract_features  # noqa: E402
-from relax_tune.cost_model.transfer import target_facts  # noqa: E402
-from relax_tune.database import JSONDatabase  # noqa: E402
-from relax_tune.database.records import is_baseline  # noqa: E402
-from relax_tune.tuning.extract import extract_tasks  # noqa: E402
-from relax_tune.measure import LocalRunner  # noqa: E402
-from relax_tune.search import candidate_key  # noqa: E402
-from relax_tune.tuning.tune import tune_tasks  # noqa: E402
-from relax_tune.utils import FAILED_RUN_SECS, normalize_mod, schedule_from_json  # noqa: E402
+from benchmarks.bench_real_models import cpu_model
+from tools.prior.corpus import FORMAT_VERSION, load_corpus, read_records, write_table
 
 logger = logging.getLogger("make_corpus")
 
@@ -176,7 +174,7 @@ def _model_tasks(model: str) -> list[tuple[str, tvm.IRModule]]:
 def _real_model_tasks(model: str, target) -> list[tuple[str, tvm.IRModule]]:
     """The tasks of a real model of ``bench_real_models.py`` (PyTorch, imported by
     ``relax_tune.model_loader.from_torch``) as the "relax_tune" pipeline tunes them."""
-    from bench_real_models import make_model
+    from benchmarks.bench_real_models import make_model
 
     from relax_tune.model_loader import from_torch
 
@@ -404,7 +402,7 @@ def main() -> None:
     parser.add_argument("--table", default=None, metavar="NPZ",
                         help="when the run ends (done or out of time), also write the whole "
                              "corpus directory as a table (corpus.py --table): what outlives "
-                             "this machine, e.g. into benchmarks/corpus_tables/")
+                             "this machine, e.g. into tools/prior/corpus_tables/")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for name in ("relax_tune", "tvm"):

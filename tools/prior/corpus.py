@@ -37,7 +37,7 @@ needs of a corpus - per task its workload, operator, split, target and machine f
 candidate its raw features, seconds, commit order and phase - without the traces, at about a
 fiftieth of the records' size. ``load_corpus`` reads tables wherever it reads directories, so a
 corpus measured on a machine that is gone (each session may get another CPU) still trains
-the next model: ``python benchmarks/corpus.py DIR... --table OUT.npz`` writes one. The tests'
+the next model: ``python -m tools.prior.corpus DIR... --table OUT.npz`` writes one. The tests'
 held-out data (``tests/data/prior_heldout.npz``) is such a table of two workloads.
 """
 
@@ -219,7 +219,7 @@ def ranking_metrics(pred: np.ndarray, secs: np.ndarray, k: int = 10) -> dict[str
 
 
 def main() -> None:
-    """``python benchmarks/corpus.py DIR... --table OUT.npz``: one table of the corpora."""
+    """``python -m tools.prior.corpus DIR... --table OUT.npz``: one table of the corpora."""
     parser = argparse.ArgumentParser(description="Write corpus directories as one table.")
     parser.add_argument("corpus", nargs="+", help="corpus directories or tables")
     parser.add_argument("--table", required=True, metavar="NPZ", help="the table to write")

@@ -1,10 +1,10 @@
 """How good is the pre-trained cost model on workloads held out of its training?
 
-    python benchmarks/evaluate_prior.py --corpus /work/corpus            # both parts
-    python benchmarks/evaluate_prior.py --corpus /work/corpus --no-tune             # ranking only
-    python benchmarks/evaluate_prior.py --tune-only --trials 8 16 32 64 --kernels matmul_256
-    python benchmarks/evaluate_prior.py --tune-only --model /tmp/prior   # a model not shipped
-    python benchmarks/evaluate_prior.py --corpus T.npz --real-models resnet18  # all three parts
+    python -m tools.prior.evaluate_prior --corpus /work/corpus            # both parts
+    python -m tools.prior.evaluate_prior --corpus /work/corpus --no-tune             # ranking only
+    python -m tools.prior.evaluate_prior --tune-only --trials 8 16 32 64 --kernels matmul_256
+    python -m tools.prior.evaluate_prior --tune-only --model /tmp/prior   # a model not shipped
+    python -m tools.prior.evaluate_prior --corpus T.npz --real-models resnet18  # all three parts
 
 Part 1, ranking (no measurement, the corpus's held-out workloads): a tuning session is
 replayed in the corpus's commit order. After ``n`` measured candidates (n = 0, 16, 32, 64)
@@ -32,7 +32,7 @@ how many seeds the prior's was faster, and every seed's ratio: which search find
 fast kernels first varies from run to run (the same settings and seeds, run twice, gave
 medians up to 16% apart on the Intel Xeon), so a verdict needs its spread.
 
-Part 3, whole models (``--real-models NAME ...``, measured now): ``bench_real_models.py``
+Part 3, whole models (``--real-models NAME ...``, measured now): ``benchmarks.bench_real_models``
 tunes each model with the prior at ``--real-prior-trials-per-task`` (default 8) and
 without it (``cost_model="xgb"``) at ``--real-trials-per-task`` (default 32), and times
 both builds with ONNX Runtime and PyTorch in interleaved rounds, every contender on the
@@ -53,14 +53,15 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_real_models import MODEL_NAMES as REAL_MODELS  # noqa: E402
-from corpus import load_corpus, ranking_metrics  # noqa: E402
+import relax_tune as rt
+from relax_tune.cost_model import PriorXGBModel, RandomModel, XGBModel
+from relax_tune.cost_model.features import FEATURE_VERSION
+from relax_tune.cost_model.prior import prior_files
 
-import relax_tune as rt  # noqa: E402
-from relax_tune.cost_model import PriorXGBModel, RandomModel, XGBModel  # noqa: E402
-from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
-from relax_tune.cost_model.prior import prior_files  # noqa: E402
+from benchmarks.bench_real_models import MODEL_NAMES as REAL_MODELS
+from tools.prior.corpus import load_corpus, ranking_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 
 HELDOUT_KERNELS = ("matmul_256", "conv2d_nchw_c96_h20", "batch_matmul_8x96x96x48",
                    "depthwise_c128_h28")
@@ -142,7 +143,7 @@ def side_by_side(mod, target, records: dict, rounds: int = 7) -> dict:
     from their traces as the tuner's runner builds them: packed weights packed once) timed
     in interleaved rounds on the same random inputs."""
     import tvm
-    from timing import interleaved, trace_timer
+    from benchmarks.timing import interleaved, trace_timer
 
     from relax_tune.utils import args_info
 
@@ -157,7 +158,7 @@ def side_by_side(mod, target, records: dict, rounds: int = 7) -> dict:
 def tuning_table(kernels, trials, seeds, model_dir: str | None = None) -> None:
     """Tune each kernel with and without the prior, once per seed; print the median over
     seeds of the best latency after each budget (and every seed's figure at the largest)."""
-    from make_corpus import WORKLOADS
+    from tools.prior.make_corpus import WORKLOADS
 
     target = rt.host_target()
     by_name = {w.name: w for w in WORKLOADS}
@@ -216,16 +217,15 @@ def tuning_table(kernels, trials, seeds, model_dir: str | None = None) -> None:
 
 def real_models_table(models: list[str], per_task: int, prior_per_task: int,
                       rounds: int, threads: int, small: bool = False) -> int:
-    """Part 3: ``bench_real_models.py`` on ``models``, the prior's budget against the
+    """Part 3: ``benchmarks.bench_real_models`` on ``models``, the prior's budget against the
     fresh model's, every contender on ``threads``; returns its exit status."""
-    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                        "bench_real_models.py"),
+    cmd = [sys.executable, "-m", "benchmarks.bench_real_models",
            "--models", *models, "--trials-per-task", str(per_task),
            "--prior-trials-per-task", str(prior_per_task), "--cost-model", "xgb",
            "--rounds", str(rounds), "--threads", str(threads)] + (["--small"] if small else [])
     print(f"\nwhole models, the prior at {prior_per_task} trials per task against the fresh "
           f"model at {per_task} ({' '.join(cmd[1:])}):", flush=True)
-    return subprocess.run(cmd, check=False).returncode
+    return subprocess.run(cmd, check=False, cwd=ROOT).returncode
 
 
 def main() -> int:
@@ -242,7 +242,7 @@ def main() -> int:
     parser.add_argument("--no-tune", action="store_true")
     parser.add_argument("--tune-only", action="store_true")
     parser.add_argument("--real-models", nargs="+", default=[], choices=REAL_MODELS,
-                        metavar="NAME", help="part 3: whole models of bench_real_models.py "
+                        metavar="NAME", help="part 3: whole models of benchmarks.bench_real_models "
                         f"({', '.join(REAL_MODELS)})")
     parser.add_argument("--real-trials-per-task", type=int, default=32,
                         help="part 3: the fresh model's budget per task")

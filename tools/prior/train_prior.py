@@ -1,14 +1,14 @@
 r"""Train the pre-trained cost model from a corpus (``make_corpus.py``) and ship it.
 
-    python benchmarks/train_prior.py --corpus /work/corpus            # writes the
+    python -m tools.prior.train_prior --corpus /work/corpus            # writes the
         # package's relax_tune/cost_model/pretrained/xgb_prior.{ubj,_meta.json}
-    python benchmarks/train_prior.py --corpus /work/corpus --out /tmp/prior --seed 2
-    python benchmarks/train_prior.py --corpus /work/corpus /work/corpus_models  # several
-    python benchmarks/train_prior.py --corpus /work/corpus2 /work/corpus_models /work/corpus_rand
+    python -m tools.prior.train_prior --corpus /work/corpus --out /tmp/prior --seed 2
+    python -m tools.prior.train_prior --corpus /work/corpus /work/corpus_models  # several
+    python -m tools.prior.train_prior --corpus /work/corpus2 /work/corpus_models /work/corpus_rand
         # the shipped model; --exclude '(resnet18|bert)\.' keeps bench_real_models's networks unseen
-    python benchmarks/train_prior.py --corpus benchmarks/corpus_tables/*.npz --out /tmp/prior \
+    python -m tools.prior.train_prior --corpus tools/prior/corpus_tables/*.npz --out /tmp/prior \
         --init-model relax_tune/cost_model/pretrained --rounds 100   # corpus tables; continue
-    python benchmarks/train_prior.py --corpus benchmarks/corpus_tables/intel-*.npz --out /tmp/p \
+    python -m tools.prior.train_prior --corpus tools/prior/corpus_tables/intel-*.npz --out /tmp/p \
         --init-model relax_tune/cost_model/pretrained --rounds 50 \
         --keep-base-on tests/data/prior_heldout.npz    # ... keeping its ranking on its Zen 4
 
@@ -34,25 +34,24 @@ import argparse
 import json
 import os
 import re
-import sys
 from typing import Sequence
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from corpus import (TaskData, labels, load_corpus, ranking_metrics,  # noqa: E402
-                    reference_rows, transfer_matrix, write_table)
+from relax_tune.cost_model.features import FEATURE_VERSION
+from relax_tune.cost_model.prior import PRIOR_MODEL_FILE, load_prior, prior_files
+from relax_tune.cost_model.transfer import (N_TRANSFER, TRANSFER_VERSION, task_reference,
+                                            transfer_features)
 
-from relax_tune.cost_model.features import FEATURE_VERSION  # noqa: E402
-from relax_tune.cost_model.prior import PRIOR_MODEL_FILE, load_prior, prior_files  # noqa: E402
-from relax_tune.cost_model.transfer import (N_TRANSFER, TRANSFER_VERSION,  # noqa: E402
-                                            task_reference, transfer_features)
+from tools.prior.corpus import (TaskData, labels, load_corpus, ranking_metrics, reference_rows,
+                                transfer_matrix, write_table)
 
 PARAMS = {"objective": "rank:pairwise", "lambdarank_pair_method": "mean",
           "lambdarank_num_pair_per_sample": 8, "eta": 0.1, "max_depth": 3,
           "min_child_weight": 2.0, "subsample": 0.8, "colsample_bytree": 0.6,
           "tree_method": "hist", "num_parallel_tree": 4, "verbosity": 0}
 ROUNDS = 200
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 
 
 def training_arrays(tasks: list[TaskData], base=None, keep_facts: Sequence[dict] = ()
@@ -173,9 +172,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", nargs="+", default=["/work/corpus"], metavar="DIR",
                         help="corpus directories (make_corpus.py --out), trained on together")
-    parser.add_argument("--out", default=os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "relax_tune", "cost_model",
-        "pretrained"), help="where the model goes (default: the package's pretrained/)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "relax_tune", "cost_model",
+                                                       "pretrained"),
+                        help="where the model goes (default: the package's pretrained/)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--test-data", default=None, metavar="NPZ",

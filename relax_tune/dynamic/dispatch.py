@@ -1,0 +1,260 @@
+"""The dispatching function: one PrimFunc that runs each symbolic size's bucket branch.
+
+``ApplyDatabase`` (``relax_tune.dynamic.apply``) replaces a symbolic function by
+``dispatch_function``: one PrimFunc with the symbolic signature whose body is an
+``if n <= l1 ... elif n <= l2 ... else`` chain, ``l`` the limits between neighbouring
+buckets (``upper_limit``: nearest bucket on a log scale), each branch a bucket's record
+replayed on the symbolic function (``relax_tune.dynamic.replay``). Sizes above the largest
+bucket run the untuned function. A bucket whose best record is its baseline (the untuned
+function) runs the untuned body: never slower than untuned per bucket. With a measured plan
+(``relax_tune.dynamic.plan``) the branches serve the ranges timed fastest instead of the
+nearest bucket's (``dispatch_function``'s ``served``).
+
+For measuring one bucket's branch as it runs, ``dispatch_workload`` marks the symbolic
+workload so that a build worker builds it with ``dispatch_module`` (the measurement's
+``BUILD_WITH_ATTR`` protocol, ``relax_tune.measure._worker``).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+import tvm
+from tvm import tirx
+from tvm.s_tir import SBlock, SBlockRealize
+
+from ..utils import RelaxTuneError
+from .buckets import _dtype, symbolic_vars
+from .replay import replay_symbolic
+
+
+def dispatch_function(func: tirx.PrimFunc,
+                      branches: Sequence[tuple[Mapping[str, int], tirx.PrimFunc | None]],
+                      hinted: Mapping[str, Sequence[int]] | None = None,
+                      served: Sequence[Sequence[Sequence[int]]] | None = None
+                      ) -> tirx.PrimFunc:
+    """One PrimFunc with ``func``'s signature that runs, for each symbolic value, the branch
+    of the nearest bucket, and ``func``'s own body above the largest one.
+
+    ``branches`` are ``(sizes, function)`` pairs, smallest first. A variable at size ``s``
+    serves values up to ``upper_limit`` (the geometric mean of ``s`` and the next larger
+    hinted size -- the branches' sizes, or ``hinted`` when given: nearest on a log scale;
+    ``s`` itself for the largest). The first branch whose variables are all within their
+    limits runs. A branch whose function is None runs ``func``'s body (its bucket's best
+    record is the untuned function). Every branch function must be ``func`` scheduled
+    (same parameters).
+
+    ``served`` (a function of one symbolic variable only; ``dispatch_plan``): per branch,
+    the ``[low, high]`` ranges of values it serves instead, measured; values in no range
+    run ``func``'s body."""
+    variables = {v.name: v for v in symbolic_vars(func)}
+    if hinted is None:
+        hinted = {name: sorted({int(sizes[name]) for sizes, _ in branches if name in sizes})
+                  for name in variables}
+    if served is not None and len(variables) != 1:
+        raise ValueError("served ranges need a function of one symbolic variable, not "
+                         f"{sorted(variables)}")
+    body = func.body
+    for index in reversed(range(len(branches))):
+        sizes, branch = branches[index]
+        if served is not None:
+            if branch is None:
+                continue  # its values (if any) run func's own body
+            branch = _same_params(branch, func)
+            (var,) = variables.values()
+            # one copy of the branch per run of adjacent ranges, its intermediates sized for
+            # that run: bucket 16's kernel serving n=16 and n=513..1023 with intermediates for
+            # 1023 made the Llama block's RMSNorm 0.003 -> 0.19 ms at n=16 in the model
+            for low, high in reversed(_merged(served[index])):
+                body = tirx.IfThenElse(_in_range(var, low, high),
+                                       _mark_bounds(branch.body, {var.name: high}, variables),
+                                       body)
+            continue
+        cond, limits = None, {}
+        for name, size in sizes.items():
+            var = variables[name]
+            limits[name] = upper_limit(int(size), hinted.get(name, [size]))
+            term = var <= tirx.IntImm(_dtype(var), limits[name])
+            cond = term if cond is None else tirx.And(cond, term)
+        branch = _same_params(func if branch is None else branch, func)
+        body = tirx.IfThenElse(cond, _mark_bounds(branch.body, limits, variables), body)
+    # The branches share loop variables and intermediate buffers with each other and with
+    # ``func``, which the compiler rejects. TVMScript prints each definition site as its own
+    # allocation, and parsing gives each its own object (TVM's ConvertSSA renames the loop
+    # variables but not the blocks' buffers; RenewDefs renews the parameters too).
+    text = tvm.IRModule({"main": func.with_body(body)}).script()
+    return tvm.script.from_source(_bound_intermediates(text))["main"]
+
+
+def _merged(ranges: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """The inclusive ``[low, high]`` ``ranges`` sorted, adjacent and overlapping ones
+    merged."""
+    merged: list[list[int]] = []
+    for low, high in sorted((int(a), int(b)) for a, b in ranges):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    return [(low, high) for low, high in merged]
+
+
+def _in_range(var: tirx.Var, low: int, high: int):
+    """The condition ``low <= var <= high`` (for a size, ``var <= high`` when ``low`` is 1)."""
+    value = lambda x: tirx.IntImm(_dtype(var), x)  # noqa: E731
+    if low == high:
+        return var == value(low)
+    if low <= 1:
+        return var <= value(high)
+    return tirx.And(value(low) <= var, var <= value(high))
+
+
+BOUNDS_KEY = "relax_tune.bounded_intermediates"
+"""Root-block annotation of a dispatch branch, ``{var name: "T.int64(limit)"}``, read and
+removed by ``_bound_intermediates`` (TVMScript text)."""
+
+
+def _mark_bounds(stmt, limits: Mapping[str, int], variables: Mapping) -> tirx.Stmt:
+    """``stmt`` (a branch's root block) annotated with the largest value of each symbolic
+    variable its branch serves."""
+    if not isinstance(stmt, SBlockRealize):
+        return stmt
+    block = stmt.block
+    annotations = dict(block.annotations)
+    annotations[BOUNDS_KEY] = {name: f"T.{_dtype(variables[name])}({int(limit)})"
+                               for name, limit in limits.items()}
+    block = SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, block.body,
+                   block.init, block.alloc_buffers, block.match_buffers, annotations)
+    return SBlockRealize(stmt.iter_values, stmt.predicate, block)
+
+
+_ATTR_LINE = re.compile(r"^(\s*)T\.sblock_attr\((\{.*\})\)\s*$")
+_BOUNDS_ENTRY = re.compile('"' + re.escape(BOUNDS_KEY) + r'": (\{[^{}]*\})(, )?')
+_ALLOC_LINE = re.compile(r"^(\s*)\w+ = T\.sblock_alloc_buffer\(")
+
+
+def _bound_intermediates(text: str) -> str:
+    """The dispatch function's TVMScript ``text`` with each branch's intermediate buffers
+    sized for the largest value its branch serves.
+
+    An intermediate of shape ``(1, 8, n, n)`` allocated in a branch that runs for
+    ``n <= 362`` becomes ``(1, 8, 362, 362)``: every access stays below ``n``. What matters is
+    what TVM's buffer compaction makes of it: a tile of a symbolic buffer comes out as
+    ``(2, min(n, 64), min(n, 256))`` with symbolic strides, which cost the Llama block's
+    q k^T + causal mask 3.5x over the static kernel at the bucket's own size (1.56 ms vs
+    0.45 ms at n = 256, Zen 4); with a constant shape the tile is constant too. Only
+    dimensions that are exactly a symbolic variable are replaced (anything else is left
+    symbolic). Text, because TVM 0.27 has no Python mutator to re-point a buffer's uses."""
+    lines = text.splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        match = _ATTR_LINE.match(lines[i])
+        entry = _BOUNDS_ENTRY.search(lines[i]) if match else None
+        if entry is None:
+            out.append(lines[i])
+            i += 1
+            continue
+        limits = ast.literal_eval(entry.group(1))
+        rest = (lines[i][:entry.start()] + lines[i][entry.end():]).replace(", }", "}")
+        if not rest.endswith("T.sblock_attr({})"):
+            out.append(rest)
+        i += 1
+        indent = match.group(1)
+        # the block's allocations follow its attributes at the same indentation
+        while i < len(lines) and (alloc := _ALLOC_LINE.match(lines[i])) and \
+                alloc.group(1) == indent:
+            out.append(indent + _bounded_alloc(lines[i].strip(), limits))
+            i += 1
+    return "\n".join(out) + "\n"
+
+
+def _bounded_alloc(line: str, limits: Mapping[str, str]) -> str:
+    """An allocation line ``name = T.sblock_alloc_buffer((d0, d1, ...), ...)`` with each
+    dimension that is exactly a variable of ``limits`` replaced by its limit; unchanged
+    when no dimension is."""
+    tree = ast.parse(line)
+    shape = tree.body[0].value.args[0]
+    if not isinstance(shape, ast.Tuple):
+        return line
+    changed = False
+    for k, dim in enumerate(shape.elts):
+        if isinstance(dim, ast.Name) and dim.id in limits:
+            shape.elts[k] = ast.parse(limits[dim.id], mode="eval").body
+            changed = True
+    return ast.unparse(tree) if changed else line
+
+
+# ------------------------------------------------------------------------------------------
+# One bucket's branch as it runs, for measuring it
+
+DISPATCH_KEY = "relax_tune.dispatch"
+"""Function attribute of a symbolic workload sent to a build worker: build the dispatch of
+one bucket (``{"sizes": {var: size}, "hinted": {var: [sizes]}}``, and ``"serves": [[low,
+high], ...]`` when it serves those ranges, ``dispatch_plan``) instead of replaying
+the trace on the workload itself (``dispatch_workload``, ``dispatch_module``)."""
+
+BUILDER = f"{__name__}:dispatch_module"
+"""What a marked workload names as its builder (the measurement's ``BUILD_WITH_ATTR``)."""
+
+
+def dispatch_workload(symbolic: tvm.IRModule, sizes: Mapping[str, int],
+                      hinted: Mapping[str, Sequence[int]],
+                      serves: Sequence[Sequence[int]] | None = None) -> tvm.IRModule:
+    """The symbolic workload ``symbolic`` marked to be built as the dispatch of its bucket at
+    ``sizes`` (limits from all ``hinted`` sizes; or the ``[low, high]`` ranges ``serves``,
+    ``dispatch_function``'s ``served``) by a build worker: it names ``dispatch_module`` as
+    its builder (``BUILD_WITH_ATTR``, ``relax_tune.measure._worker``)."""
+    from ..measure._worker import BUILD_WITH_ATTR
+
+    spec = {"sizes": {str(k): int(v) for k, v in sizes.items()},
+            "hinted": {str(k): [int(x) for x in v] for k, v in hinted.items()}}
+    if serves is not None:
+        spec["serves"] = [[int(low), int(high)] for low, high in serves]
+    func = symbolic["main"].with_attr(DISPATCH_KEY, json.dumps(spec))
+    return tvm.IRModule({"main": func.with_attr(BUILD_WITH_ATTR, BUILDER)})
+
+
+def dispatch_module(mod: tvm.IRModule, trace_json: list | None) -> tvm.IRModule | str:
+    """What ``ApplyDatabase`` makes of one record of a bucket, for a workload marked by
+    ``dispatch_workload`` (a build worker calls it, ``BUILD_WITH_ATTR``): the dispatch whose
+    bucket branch is ``trace_json`` replayed on the symbolic function (None: the untuned
+    function), every other size running the untuned body; or, when the trace does not
+    replay there, why (the candidate's build error)."""
+    from ..measure._worker import BUILD_WITH_ATTR
+    from ..measure.base import short_error
+
+    try:
+        func = mod["main"]
+        spec = json.loads(str(func.attrs[DISPATCH_KEY]))
+        base = tvm.IRModule({"main": func.without_attr(DISPATCH_KEY)
+                             .without_attr(BUILD_WITH_ATTR)})
+        if trace_json is None:
+            return base
+        sizes = {k: int(v) for k, v in spec["sizes"].items()}
+        branch = replay_symbolic(base, trace_json, sizes)
+        served = [spec["serves"]] if "serves" in spec else None
+        return tvm.IRModule({"main": dispatch_function(base["main"], [(sizes, branch)],
+                                                       spec["hinted"], served)})
+    except Exception as err:  # noqa: BLE001 - ScheduleError, TVMError, ...
+        return "does not replay on the symbolic function: " + short_error(err)
+
+
+def upper_limit(size: int, sizes: Sequence[int]) -> int:
+    """The largest value the bucket at ``size`` serves among the hinted ``sizes``: up to the
+    geometric mean with the next larger size (the nearest bucket on a log scale), ``size``
+    itself for the largest (above it the untuned function runs)."""
+    larger = [s for s in sorted(sizes) if s > size]
+    if not larger:
+        return int(size)
+    return max(int(size), int(math.isqrt(int(size) * larger[0])))
+
+
+def _same_params(branch: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``branch``, checked to be ``func`` scheduled: the very same parameters."""
+    if len(branch.params) != len(func.params) or not all(
+            a.same_as(b) for a, b in zip(branch.params, func.params)):
+        raise RelaxTuneError("a dispatch branch does not share the function's parameters")
+    return branch

@@ -1,0 +1,201 @@
+"""The tuning loop: pick a task, ask its search for a batch, have the ``Measurer`` build,
+time and check it, commit what comes back; until the budget, the time or every task's
+space is spent.
+
+The task scheduler picks the task (``scheduler.py``); how candidates are measured is the
+``Measurer``'s (``relax_tune.measure.measurer``); what a batch goes through before it is
+built is the hooks' ``screen`` (``hooks.py``). Nothing here knows of dynamic shapes, saved
+models or reports.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Sequence
+
+from ..config import TuneConfig
+from ..database import Database
+from ..measure import BuildResult, Measured, Measurer, RunResult
+from ..search import Candidate
+from .hooks import SessionHook
+from .progress import Progress
+from .scheduler import TaskScheduler
+from .state import BASELINE_KEY, TaskState, commit
+
+logger = logging.getLogger(__name__)
+
+
+def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: TuneConfig,
+             scheduler: TaskScheduler, hooks: Sequence[SessionHook], progress: Progress,
+             remaining: int, deadline: float | None) -> None:
+    """Spend ``remaining`` trials on the tasks of ``states`` (the untuned baselines first,
+    when ``cfg.measure_baseline``), stopping at ``deadline`` (time.monotonic) when given."""
+    per_task = cfg.per_task_budget
+    if cfg.measure_baseline and remaining > 0:
+        missing = [st for st in states if BASELINE_KEY not in st.measured]
+        for i, st in enumerate(missing, 1):
+            _measure(st, [None], db, measurer, hooks)
+            progress.baseline(st.report, i, len(missing))
+    _prioritise(states, per_task)
+    rounds_since_table = 0
+    while remaining > 0:
+        if deadline is not None and time.monotonic() >= deadline:
+            logger.info("max_time of %.0f s reached%s; stopping the search", cfg.max_time,
+                        " (less the share kept for what runs after the search)"
+                        if any(h.time_share for h in hooks) else "")
+            for st in states:
+                if st.progress.active:
+                    st.report.status = "time"
+            _warn_untried(states, cfg.max_time)
+            break
+        _judge_shares(states, cfg.min_task_share)
+        index = scheduler.next_task([st.progress for st in states])
+        if index is None:
+            break
+        st = states[index]
+        n = min(cfg.num_trials_per_iter, per_task - st.report.trials, remaining)
+        # tasks still waiting for their first batch, this one included (1 after its first)
+        waiting = 1
+        if st.progress.rounds == 0:  # a small budget is split over the first round
+            waiting = sum(1 for t in states if t.progress.active and t.progress.rounds == 0)
+            n = min(n, max(1, remaining // waiting))
+        cands = st.search.next_candidates(n, exclude=st.measured)
+        if not cands:
+            finish(st, "exhausted")
+            continue
+        for cand in cands:
+            st.measured.add(cand.key)
+        _measure(st, cands, db, measurer, hooks,
+                 prepare=_may_get_another_batch(st, len(cands), remaining, per_task, waiting))
+        remaining -= len(cands)
+        _after_round(st, per_task, cfg.convergence_window)
+        progress.advance(st.report, len(cands))
+        rounds_since_table += 1
+        if rounds_since_table >= sum(1 for t in states if t.progress.active) > 0:
+            progress.table([t.report for t in states])
+            rounds_since_table = 0
+
+
+def _warn_untried(states: list[TaskState], max_time: float) -> None:
+    """Say which tasks the time limit left without a single measured candidate: they stay
+    untuned (e.g. when building and timing the untuned baselines took the whole limit)."""
+    untried = [st.report.task_name for st in states if st.report.trials == 0]
+    if untried:
+        shown = ", ".join(untried[:5]) + (f" and {len(untried) - 5} more"
+                                           if len(untried) > 5 else "")
+        logger.warning("max_time of %.0f s reached before any candidate of %d of %d tasks "
+                       "was measured (%s): they stay untuned; raise max_time or tune fewer "
+                       "tasks (op_names)", max_time, len(untried), len(states), shown)
+
+
+def _prioritise(states: list[TaskState], per_task: int) -> None:
+    """Set each task's importance for the first round (share of the untuned model time, or
+    of FLOPs while any baseline is missing, ``_shares``) and leave the tasks at budget
+    inactive."""
+    measured = all(st.report.baseline_secs for st in states)
+    costs = [st.task.weight * (st.report.baseline_secs if measured else st.task.flops)
+             for st in states]
+    for st, (share, scale) in zip(states, _shares(states, costs)):
+        st.progress.importance, st.progress.scale = share, scale
+        if st.report.trials >= per_task:
+            finish(st, "budget")
+
+
+def _shares(states: list[TaskState], costs: list[float]) -> list[tuple[float, float]]:
+    """``(share, scale)`` per task: its share of the model's time at its own size, and 1
+    over that time (what one second of the task is worth).
+
+    Tasks with a ``shape`` (the buckets of a dynamic-shape function, one per hinted size)
+    form sized groups; a task without one belongs to every group and takes its largest
+    share. Without sized tasks there is one group, the whole model. Shares are per size
+    because hinted sizes count evenly: judged by absolute time, the small sizes'
+    buckets would come after every large one, and a time limit would end the first round
+    before them."""
+    keys = [tuple(sorted(st.task.shape.items())) if st.task.shape else None for st in states]
+    groups = {k for k in keys if k is not None} or {None}
+    totals = {g: sum(c for c, k in zip(costs, keys) if k is None or k == g) for g in groups}
+    out = []
+    for cost, key in zip(costs, keys):
+        total = totals[key] if key is not None else min(totals.values())
+        out.append((cost / total, 1.0 / total) if total > 0 else (1.0, 1.0))
+    return out
+
+
+def _judge_shares(states: list[TaskState], min_share: float) -> None:
+    """After its first batch, a task's importance is its share of the estimated tuned model
+    time (weight x the latency ApplyDatabase would use; at the task's own size for a sized
+    task, ``_shares``); a task below ``min_share`` waits ("too cheap") and comes back when
+    the others' tuning raises its share. Untuned time is no guide: untuned convolutions
+    are far slower than tuned ones, so judged by it the cheap-looking tasks become the
+    slowest kernels of the tuned model."""
+    tried = [st for st in states if (st.progress.rounds > 0 or st.report.trials > 0)
+             and st.report.applied_secs]
+    if len(tried) < 2 or any(st.progress.active and st.progress.rounds == 0 for st in states):
+        return  # the first round is not over
+    costs = [st.task.weight * st.report.applied_secs for st in tried]
+    for st, (share, scale) in zip(tried, _shares(tried, costs)):
+        st.progress.importance, st.progress.scale = share, scale
+        if st.progress.active and share < min_share:
+            finish(st, "too cheap")
+            logger.info("%s: %.2f%% of the estimated tuned model time; waits at its best",
+                        st.report.task_name, 100 * share)
+        elif st.report.status == "too cheap" and share >= min_share:
+            st.progress.active, st.report.status = True, "tuning"
+
+
+def finish(st: TaskState, status: str) -> None:
+    """Stop tuning the task, saying why (``TaskReport.status``)."""
+    st.progress.active = False
+    st.report.status = status
+    if status == "exhausted":
+        logger.info("%s: design space exhausted after %d trials", st.report.task_name,
+                    st.report.trials)
+
+
+def _after_round(st: TaskState, per_task: int, window: int) -> None:
+    """Record the round's best; stop the task at its budget or when it has converged."""
+    st.progress.rounds += 1
+    st.progress.best_per_round.append(st.report.best_secs or float("inf"))
+    hist = st.best_history
+    if st.report.trials >= per_task:
+        finish(st, "budget")
+    elif window > 0 and len(hist) > window and hist[-1] > 0.99 * hist[-1 - window]:
+        finish(st, "converged")
+        logger.info("%s: converged (no 1%% gain in %d trials)", st.report.task_name, window)
+
+
+def _may_get_another_batch(st: TaskState, n: int, remaining: int, per_task: int,
+                           waiting: int) -> bool:
+    """Whether the task can be given a batch after this one of ``n``: not when it reaches
+    its own budget, nor when this batch and the rest of the first round (``waiting`` tasks,
+    this one included, about ``n`` each) take the whole budget left. It only decides
+    whether the search grows its next pool while this batch builds; a wrong guess costs
+    time, never candidates."""
+    return st.report.trials + n < per_task and remaining - n * waiting > 0
+
+
+def _measure(st: TaskState, cands: list[Candidate | None], db: Database, measurer: Measurer,
+             hooks: Sequence[SessionHook], prepare: bool = True) -> None:
+    """Measure one batch of one task (None: the untuned function) and commit it: one record
+    per candidate, the report updated, the search told how its candidates did. The hooks
+    screen a batch of candidates first (those they drop are recorded as failed, unbuilt).
+    With ``prepare``, the search grows its next pool while the builders work."""
+    if None not in cands:
+        for hook in hooks:
+            cands, unusable = hook.screen(st.task, cands)
+            if unusable:
+                commit(st, [c for c, _ in unusable], [Measured(
+                    c.trace_json, BuildResult(None, why, 0.0), RunResult(None, why))
+                    for c, why in unusable], db)
+        if not cands:
+            return
+    traces = [None if c is None else c.trace_json for c in cands]
+    # the search grows its next pool while the builders work (before the first batch: while
+    # the baseline builds)
+    batch = measurer.measure(st.task, traces, st.incumbent, st.report.best_secs,
+                             st.report.baseline_secs,
+                             while_building=functools.partial(st.search.prepare, st.measured)
+                             if prepare else None)
+    commit(st, cands, batch, db)
