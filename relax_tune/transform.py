@@ -17,7 +17,7 @@ import logging
 from collections.abc import Sequence
 
 import tvm
-from tvm import relax, tirx
+from tvm import tirx
 
 from .config import TuneConfig, make_config
 from .database import Database, is_baseline
@@ -266,6 +266,11 @@ def _with_attrs_of(new: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:
     return new.with_attr("tirx.is_scheduled", True)
 
 
-# the "relax_tune" pipeline lives in pipeline.py (it uses the passes above); kept importable
-# from here, where users have always found it
-from .pipeline import register_pipeline, relax_tune_pipeline  # noqa: E402,F401
+def __getattr__(name: str):
+    """``relax_tune_pipeline`` and ``register_pipeline`` live in ``relax_tune.pipeline`` (they
+    use the passes above) and stay importable from here, where users have found them."""
+    if name in ("relax_tune_pipeline", "register_pipeline"):
+        from . import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,7 @@ from relax_tune.work_dir import TASK_META_FILE, WorkDir
 from relax_tune.tuning.extract import extract_tasks
 from relax_tune.database import BASELINE_TRACE
 from relax_tune.tuning.tune import tune_tasks
-from relax_tune.utils import FAILED_RUN_SECS, normalize_mod, trace_to_json
+from relax_tune.utils import FAILED_RUN_SECS, RelaxTuneError, normalize_mod, trace_to_json
 
 
 def _matmul_relu(n: int = 32) -> tvm.IRModule:
@@ -163,7 +163,7 @@ def test_report_without_matplotlib_still_writes_summary(handmade, monkeypatch):
 
 
 def test_report_on_missing_work_dir_is_a_clear_error(tmp_path):
-    with pytest.raises(report.RelaxTuneError, match="holds no tuning database"):
+    with pytest.raises(RelaxTuneError, match="holds no tuning database"):
         report.write_report(str(tmp_path / "nothing"))
 
 

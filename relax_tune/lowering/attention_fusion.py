@@ -4,8 +4,8 @@ A transformer's attention is three kernels after TVM's FuseOps: the scores (``q 
 scaled, perhaps masked), the softmax over each row, and the product with ``v``. At a
 sequence length n, each head's n x n score matrix is written by the first, read and
 written by the second and read by the third: at n = 512 and 12 heads that is 12 MB per
-pass, more than the cores' caches, and the three kernels of BERT's attention took 6.7 ms
-where PyTorch's fused ``scaled_dot_product_attention`` took 5.3 (AMD EPYC Zen 4, 2 threads).
+pass, more than the cores' caches, and the three kernels of BERT's attention were slower
+than PyTorch's fused ``scaled_dot_product_attention`` (docs/design/fused-attention.md).
 
 ``FuseAttention`` groups ``matmul(softmax(scores), v)`` together with the scores' producer
 (a ``matmul``, optionally scaled by a constant ``multiply`` or masked by a ``call_tir``
@@ -29,7 +29,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 
-from .graph import _rewrite_functions
+from .rewrite import rewrite_functions
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,9 @@ PATTERN_NAME = "relax_tune.attention"
 KEY_MULTIPLE = 16
 """A static number of keys must be a multiple of this (the widest vector of float32 keys):
 in a static kernel the last, partial vector of keys is predicated, and TVM then runs the
-whole vectorised loop scalar (ViT's 197 tokens: 1.75 ms fused against 0.23 ms for the
-three kernels). A symbolic one is fine: ``dynamic.unswitch_partial_tiles`` runs the full
-vectors unpredicated."""
+whole vectorised loop scalar (ViT's 197 tokens ran several times slower fused than as
+three kernels; docs/design/fused-attention.md). A symbolic one is fine:
+``dynamic.unswitch_partial_tiles`` runs the full vectors unpredicated."""
 
 
 def _keys_fit(keys) -> bool:
@@ -87,10 +87,10 @@ class FuseAttention:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """``mod`` with its attentions grouped (``mod`` unchanged when there is none)."""
-        rewritten = _rewrite_functions(mod, is_op("relax.nn.attention")(
+        rewritten = rewrite_functions(mod, is_op("relax.nn.attention")(
             wildcard(), wildcard(), wildcard()), _decomposed)
         pattern, parts = _torch_math_attention()
-        rewritten = _rewrite_functions(rewritten, pattern,
+        rewritten = rewrite_functions(rewritten, pattern,
                                        lambda e, m: _unguarded(e, m, parts))
         if rewritten is not mod:  # the rewritten parts' old bindings would count as uses
             rewritten = relax.transform.DeadCodeElimination()(rewritten)

@@ -1,14 +1,12 @@
 """Vectorisable float32 ``exp``, ``erf``, ``tanh`` and ``sigmoid`` for CPU kernels.
 
 LLVM has no vector form of these functions: a vectorised ``exp`` becomes one libm call per
-lane, and TVM's ``erf`` lowering is slower still (measured on a 197x768 float32 tensor, 2
-threads, AMD Zen 4: ``exp`` 0.24 ms, ``erf`` 1.9 ms, a multiply 0.007 ms; rewritten here:
-0.038 and 0.039 ms). They sit in the
-softmax, GELU, SiLU and sigmoid of every transformer and many CNNs, and no schedule can make
-a scalar call vectorise. ONNX Runtime (MLAS) and PyTorch (Sleef) evaluate them with
-polynomial approximations in vector registers; ``FastMath`` rewrites every float32 call in
-the module's PrimFuncs into such arithmetic before tuning, so the tasks are tuned and
-applied with it:
+lane, and TVM's ``erf`` lowering is slower still (measured: docs/design/fast-math.md). They sit
+in the softmax, GELU, SiLU and sigmoid of every transformer and many CNNs, and no schedule can
+make a scalar call vectorise. ONNX Runtime (MLAS) and PyTorch (Sleef) evaluate them with
+polynomial approximations in vector registers; ``FastMath`` rewrites every float32 call in the
+module's PrimFuncs into such arithmetic before tuning, so the tasks are tuned and applied with
+it:
 
 - ``exp``: Cephes' ``expf`` (range reduction by ln 2 in two parts, degree-5 polynomial,
   2^n built in the exponent bits); inputs clamped to [-88.38, 88.38] (exp(-inf) = 0).
@@ -63,9 +61,9 @@ def fast_exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
     Temporaries are written out at every use, not bound by a ``Let``: scheduling copies
     expressions (the softmax's exp inlined into both of its consumers), which would leave
     one Let variable defined twice, and TVMScript's parser (the dynamic-shape dispatch
-    prints and parses) rejects that. The compiler shares part of the repeated pure
-    subexpressions: on 197x768 (Zen 4, 2 threads) exp takes 0.038 ms written out against
-    0.020 ms with ``Let`` (libm: 0.24 ms; erf 0.039 ms against TVM's 1.93 ms)."""
+    prints and parses) rejects that. The compiler shares only part of the repeated pure
+    subexpressions, so this is slower than with ``Let``, and still far faster than libm
+    (docs/design/fast-math.md)."""
     xc = _clamp(x, -88.3762626647949, 88.3762626647949)
     n = tirx.floor(xc * _c(1.44269504088896341) + _c(0.5))
     r = xc - n * _c(0.693359375) + n * _c(2.12194440e-4)  # x - n ln2, ln2 in two parts

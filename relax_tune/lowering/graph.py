@@ -21,17 +21,11 @@ import logging
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.ir import GenericConst
-from tvm.relax.dpl import is_op, is_tuple_get_item, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, is_tuple_get_item, wildcard
+
+from .rewrite import constant, rewrite_functions
 
 logger = logging.getLogger(__name__)
-
-
-def _constant(expr: relax.Expr) -> np.ndarray | None:
-    """The value of a bound constant (None for anything computed at run time)."""
-    if isinstance(expr, GenericConst):
-        return expr.value.numpy()
-    return None
 
 
 def _fold_pattern():
@@ -51,7 +45,7 @@ def _rewrite(matched: relax.Expr, matches: dict, parts: dict) -> relax.Expr:
             or int(bn_attrs.axis) != 1 or not bool(bn_attrs.scale) or not bool(bn_attrs.center)):
         return matched
     names = ["w", "gamma", "beta", "mean", "var"] + (["b"] if parts["b"] in matches else [])
-    values = {name: _constant(matches[parts[name]]) for name in names}
+    values = {name: constant(matches[parts[name]]) for name in names}
     if any(v is None for v in values.values()):
         return matched  # weights not bound: nothing to fold at compile time
     w = values["w"]
@@ -72,19 +66,6 @@ def _rewrite(matched: relax.Expr, matches: dict, parts: dict) -> relax.Expr:
     return relax.op.add(conv, bias)
 
 
-def _rewrite_functions(mod: tvm.IRModule, pattern, rewrite) -> tvm.IRModule:
-    """``mod`` with ``rewrite_call(pattern, rewrite, ...)`` applied to every Relax function
-    (``mod`` itself, not a copy, when nothing matched)."""
-    out = mod
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            new = rewrite_call(pattern, rewrite, func)
-            if not new.same_as(func):
-                out = out.clone() if out is mod else out  # update_func mutates in place
-                out.update_func(gv, new)
-    return out
-
-
 @tvm.transform.module_pass(opt_level=0, name="relax_tune.FoldBatchNormIntoConv")
 class FoldBatchNormIntoConv:
     """Fold every inference batch norm that follows a conv2d (NCHW/OIHW, optional bias add)
@@ -93,12 +74,12 @@ class FoldBatchNormIntoConv:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """``mod`` with the batch norms after convolutions folded."""
         pattern, parts = _fold_pattern()
-        return _rewrite_functions(mod, pattern, lambda e, m: _rewrite(e, m, parts))
+        return rewrite_functions(mod, pattern, lambda e, m: _rewrite(e, m, parts))
 
 
 def _patch_conv(matched: relax.Expr, matches: dict, x_pat, w_pat) -> relax.Expr:
     x, w_expr = matches[x_pat], matches[w_pat]
-    w = _constant(w_expr)
+    w = constant(w_expr)
     attrs = matched.attrs
     shape = getattr(x.ty, "shape", None)
     if w is None or shape is None or w.ndim != 4:
@@ -130,21 +111,20 @@ class PatchConvToMatmul:
     input pixel is read once) is a GEMM over the patches: the image is cut into patch rows
     (reshape + transpose) and multiplied by the bound weight as a (C*kh*kw, O) matrix.
     The GEMM is tuned like every other; as a convolution its 16x16 window left the kernel
-    at 65 GFLOP/s (ViT-Tiny, znver4, 2 threads). NCHW/OIHW, groups 1, no padding, bound
+    slow (docs/design/channels-last.md). NCHW/OIHW, groups 1, no padding, bound
     weights only; anything else is left as it is."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """``mod`` with its patch convolutions as matmuls."""
         x, w = wildcard(), wildcard()
         pattern = is_op("relax.nn.conv2d")(x, w)
-        return _rewrite_functions(mod, pattern, lambda e, m: _patch_conv(e, m, x, w))
+        return rewrite_functions(mod, pattern, lambda e, m: _patch_conv(e, m, x, w))
 
 
 CPU_CONV_LAYOUT = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 """Convolution layouts on CPU targets: channels innermost, so the tuned kernels vectorise
 along the output channels (16-512 of them) instead of a feature map's width (7-56).
-Measured on ResNet-18 (znver4, 2 threads, 4 trials per task, same run): NCHW 157.9 ms,
-NHWC 58.8 ms."""
+Measured: docs/design/channels-last.md."""
 
 
 def _has_op(mod: tvm.IRModule, name: str) -> bool:
@@ -211,8 +191,8 @@ def _axes(call: relax.Call, ndim: int) -> list[int]:
 
 def _cancel_transpose_pairs(mod: tvm.IRModule) -> tvm.IRModule:
     """``permute_dims(u(permute_dims(x, p)), q)`` -> ``u(x)`` for an elementwise ``u`` when
-    ``q`` undoes ``p``. Measured on MobileNetV2 after ConvertLayout (znver4, 2 threads):
-    the 17 ReLU6 between transposes took 2.3 of its 5.1 ms."""
+    ``q`` undoes ``p`` (MobileNetV2's ReLU6 sat between such pairs after ConvertLayout;
+    docs/design/channels-last.md)."""
     pattern, x, inner, unary = _unary_between_transposes()
 
     def rewrite(matched: relax.Expr, matches: dict) -> relax.Expr:
@@ -228,4 +208,4 @@ def _cancel_transpose_pairs(mod: tvm.IRModule) -> tvm.IRModule:
         call = matches[unary]
         return relax.Call(call.op, [src, *call.args[1:]], call.attrs, call.ty_args)
 
-    return _rewrite_functions(mod, pattern, rewrite)
+    return rewrite_functions(mod, pattern, rewrite)

@@ -1,0 +1,30 @@
+"""What every graph rewrite of ``lowering`` builds on: a bound constant's value, and a
+dataflow-pattern rewrite applied to every Relax function of a module."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import GenericConst
+from tvm.relax.dpl import rewrite_call
+
+
+def constant(expr: relax.Expr) -> np.ndarray | None:
+    """The value of a bound constant (None for anything computed at run time)."""
+    if isinstance(expr, GenericConst):
+        return expr.value.numpy()
+    return None
+
+
+def rewrite_functions(mod: tvm.IRModule, pattern, rewrite) -> tvm.IRModule:
+    """``mod`` with ``rewrite_call(pattern, rewrite, ...)`` applied to every Relax function
+    (``mod`` itself, not a copy, when nothing matched)."""
+    out = mod
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            new = rewrite_call(pattern, rewrite, func)
+            if not new.same_as(func):
+                out = out.clone() if out is mod else out  # update_func mutates in place
+                out.update_func(gv, new)
+    return out
