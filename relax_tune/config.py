@@ -49,14 +49,14 @@ class TuneConfig:
         up to the variable's upper bound (1024 without one). See ``relax_tune.dynamic``.
     dispatch_ranking: after the search, this many fastest records of each dynamic-shape
         bucket are timed again as ``ApplyDatabase`` runs them (replayed on the symbolic
-        function) and the fastest there is the one applied (``relax_tune.dispatch_rank``;
+        function) and the fastest there is the one applied (``relax_tune.dynamic.rank``;
         needs a work_dir). 0 (default): off, the fastest static record is applied. It costs
-        a symbolic build per record (3 per bucket: ~300 s on the Llama block's 70 tasks).
+        a symbolic build per record (docs/design/dispatch-plan.md).
     dispatch_plan: after the search (and the ranking), each dynamic-shape function's
         buckets' kernels are timed at the hinted sizes and between them, and a size goes to
         the kernel clearly fastest there rather than to the nearest bucket
-        (``relax_tune.dispatch_plan``; needs a work_dir). True (default): on; a symbolic
-        build per bucket and a few runs per stretch (45-65 s for a transformer layer).
+        (``relax_tune.dynamic.plan``; needs a work_dir). True (default): on; a symbolic
+        build per bucket and a few runs per stretch.
     builder: a ``relax_tune.measure`` builder (None: a ``LocalBuilder`` per session).
     runner: a ``relax_tune.measure`` runner (None: a ``LocalRunner`` per session).
     """

@@ -28,7 +28,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tvm
 import tvm_ffi
@@ -38,9 +38,6 @@ from .database import Database, TuningRecord, Workload, is_baseline
 from .tuning.state import AppliedLatency
 from .utils import target_compatible
 from .work_dir import WorkDir
-
-if TYPE_CHECKING:
-    from .tuning.extract import Task
 
 logger = logging.getLogger("relax_tune.report")
 

@@ -11,7 +11,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from relax_tune.cli import main as cli
+from relax_tune.cli import commands as cli
 from relax_tune.database import JSONDatabase, is_baseline
 from relax_tune.tuning.extract import extract_tasks
 from relax_tune.model_loader import load_model, parse_shape_dict

@@ -129,7 +129,7 @@ def test_cli_compile_for_aarch64(tmp_path, capsys):
     import json
     import textwrap
 
-    from relax_tune.cli import main as cli
+    from relax_tune.cli import commands as cli
     from relax_tune.database import JSONDatabase
 
     model = tmp_path / "model.py"

@@ -20,7 +20,7 @@ from tvm.script import tirx as T
 import relax_tune as rt
 from relax_tune import dynamic
 from relax_tune.testing import models
-from relax_tune.tuning.extract import dynamic_base
+from relax_tune.dynamic import dynamic_base
 from relax_tune.space import space_for_target, without_decisions
 from relax_tune.utils import RelaxTuneError, normalize_mod, trace_to_json
 
@@ -74,7 +74,7 @@ def test_bad_hints_stop_the_user_at_once(hints, message, tmp_path):
 
 
 def test_cli_dynamic_errors_exit_2(capsys):
-    from relax_tune.cli import main as cli
+    from relax_tune.cli import commands as cli
 
     code = cli.main(["tune", "relax_tune.testing.models:llama_block", "--work-dir", "unused",
                      "--trials", "1", "--dynamic", "n=1,sixteen"])

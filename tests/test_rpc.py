@@ -224,7 +224,7 @@ def test_no_server_under_key_fails_candidates_in_bounded_time(cluster, builder, 
 
 
 def test_cli_rpc_spec_makes_a_working_runner(cluster, builder, target):
-    from relax_tune.cli import main as cli
+    from relax_tune.cli import commands as cli
 
     make = cli.make_rpc_runner
     mod = matmul_mod(16)

@@ -10,7 +10,7 @@ import tvm
 from tvm import relax
 
 import relax_tune as rt
-from relax_tune.cli import main as cli
+from relax_tune.cli import commands as cli
 from relax_tune.config import OPTION_NAMES, TuneConfig, make_config
 from relax_tune.demo import demo_inputs, demo_model
 from relax_tune.work_dir import TASK_META_FILE, WorkDir

@@ -13,7 +13,7 @@ from tvm import relax
 torch = pytest.importorskip("torch")
 
 import relax_tune as rt  # noqa: E402
-from relax_tune.cli import main as cli  # noqa: E402
+from relax_tune.cli import commands as cli  # noqa: E402
 from relax_tune.model_loader import load_model  # noqa: E402
 from relax_tune.utils import RelaxTuneError  # noqa: E402
 

@@ -1,5 +1,5 @@
 """The ``relax-tune`` command line: tune, compile, report, demo and the database tools."""
 
-from .main import main
+from .commands import main
 
 __all__ = ["main"]

@@ -31,19 +31,18 @@ from typing import Any
 
 import tvm
 
-from .. import dynamic
-from ..database import Database, is_baseline
-from .rank import (BUCKET_ALTERNATIVES, bucket_records, ranking_for,
-                            read_rankings)
+from ..database import Database, candidate_key, is_baseline
 from ..measure.head_to_head import head_to_head
-from ..database import candidate_key
 from ..utils import args_info, normalize_mod, structural_hash
-from ..work_dir import read_json_entries, write_json
+from ..work_dir import PLAN_FILE, WorkDir
+from .buckets import specialize
+from .dispatch import dispatch_workload, upper_limit
+from .rank import BUCKET_ALTERNATIVES, bucket_records, ranking_for, read_rankings
 
 logger = logging.getLogger(__name__)
 
-PLAN_FILE = "dispatch_plan.json"
-"""Per work_dir: the measured dispatch of each dynamic-shape function."""
+__all__ = ["MARGIN", "MIN_GAIN_SECS", "PLAN_FILE", "UNTUNED_WITHIN", "plan_dispatch",
+           "read_plans", "served_ranges", "stretches"]
 
 MARGIN = 1.1
 """How much faster than the nearest bucket another kernel must be at a stretch's probe to
@@ -63,7 +62,7 @@ def stretches(hinted: Sequence[int], per_gap: int = 4
     """``(low, high, probe, nearest bucket or None)`` for every size up to the largest of
     the ``hinted`` ones: each hinted size alone (its own probe), each gap between neighbours
     split into ``per_gap`` stretches of equal ratio and where the nearest bucket changes
-    (``dynamic.upper_limit``), the part below the smallest one whole; the probe is a
+    (``upper_limit``), the part below the smallest one whole; the probe is a
     stretch's geometric middle.
 
     Why that fine: how a kernel pads its tiles changes along a stretch, and with two
@@ -82,7 +81,7 @@ def stretches(hinted: Sequence[int], per_gap: int = 4
     if sizes and sizes[0] > 1:
         add(1, sizes[0] - 1, sizes[0])
     for a, b in zip(sizes, sizes[1:]):
-        middle = dynamic.upper_limit(a, sizes)
+        middle = upper_limit(a, sizes)
         add(a, a, a)
         cuts = sorted({a} | {max(a, min(b - 1, round(a * (b / a) ** (k / per_gap))))
                              for k in range(1, per_gap) if 2 * k != per_gap} | {middle, b - 1})
@@ -93,17 +92,19 @@ def stretches(hinted: Sequence[int], per_gap: int = 4
     return out
 
 
-def read_plans(work_dir: str | None) -> dict[str, dict[str, Any]]:
-    """``{symbolic function's structural hash: plan}`` from ``work_dir``'s plan file, or {}
-    (none, or unreadable: logged)."""
-    return read_json_entries(work_dir, PLAN_FILE,
-                             "dynamic shapes dispatch to the nearest bucket")
+def read_plans(work_dir: WorkDir | str | None) -> dict[str, dict[str, Any]]:
+    """``{symbolic function's structural hash: plan}`` from ``work_dir``'s plan file
+    (``PLAN_FILE``), or {} (none, or unreadable: logged)."""
+    work_dir = WorkDir.maybe(work_dir)
+    if work_dir is None:
+        return {}
+    return work_dir.read_entries(PLAN_FILE, "dynamic shapes dispatch to the nearest bucket")
 
 
 def served_ranges(plans: dict[str, dict[str, Any]], base: tvm.IRModule,
                   branches: Sequence[tuple[dict[str, int], Any]],
                   keys: Sequence[str | None], label: str) -> list[list[list[int]]] | None:
-    """``dynamic.dispatch_function``'s ``served`` for the symbolic function ``base`` whose
+    """``dispatch.dispatch_function``'s ``served`` for the symbolic function ``base`` whose
     buckets apply ``branches`` (``(sizes, function or None)``) with the records ``keys``
     (None: untuned), from its plan; None (nearest bucket) without a plan, or when the
     plan was measured with other records."""
@@ -131,7 +132,7 @@ def served_ranges(plans: dict[str, dict[str, Any]], base: tvm.IRModule,
     return served
 
 
-def plan_dispatch(tasks: Sequence[Any], db: Database, measurer: Any, work_dir: str,
+def plan_dispatch(tasks: Sequence[Any], db: Database, measurer: Any, work_dir: WorkDir | str,
                   deadline: float | None = None) -> int:
     """Measure the dispatch of each dynamic-shape function of ``tasks`` (one symbolic
     variable, at least two tuned buckets) into ``work_dir``'s plan file, the most costly
@@ -142,6 +143,7 @@ def plan_dispatch(tasks: Sequence[Any], db: Database, measurer: Any, work_dir: s
         symbolic = getattr(task, "symbolic", None)
         if symbolic is not None and len(task.shape) == 1:
             groups.setdefault(str(structural_hash(symbolic)), []).append(task)
+    work_dir = WorkDir.of(work_dir)
     plans = read_plans(work_dir)
     rankings = read_rankings(work_dir)
     todo = []
@@ -164,7 +166,7 @@ def plan_dispatch(tasks: Sequence[Any], db: Database, measurer: Any, work_dir: s
         plan = _plan_one(group, orders, measurer, _untuned_contends(group, db))
         if plan is not None:
             plans[shash] = dict(plan, first=firsts)
-            write_json(work_dir, PLAN_FILE, plans)
+            work_dir.write_json(PLAN_FILE, plans)
             done += 1
     return done
 
@@ -253,8 +255,7 @@ class _Planner:
         ``probe``: the fastest there when clearly faster than the ``nearest`` bucket's and
         right (at a hinted size, clearly faster timed warm too), else the nearest."""
         owner = nearest if nearest in self.built else None
-        info = args_info(normalize_mod(dynamic.specialize(self.symbolic["main"],
-                                                          {self.var: probe})))
+        info = args_info(normalize_mod(specialize(self.symbolic["main"], {self.var: probe})))
         around = {max((b for b in self.sizes if b < low), default=None),
                   min((b for b in self.sizes if b > high), default=None)} | \
             {b for b in self.sizes if low <= b <= high}  # a hinted size's own bucket
@@ -313,7 +314,7 @@ def _build(group: list[Any], orders: list[list], symbolic: tvm.IRModule, target:
     key, workload)}``: each bucket's first record that builds as its dispatch serving
     ``serves``, tried in ``ApplyDatabase``'s order (``orders``), the buckets built side by
     side."""
-    marked = {_size(t): dynamic.dispatch_workload(symbolic, t.shape, hinted, serves)
+    marked = {_size(t): dispatch_workload(symbolic, t.shape, hinted, serves)
               for t in group}
     marked[None] = marked[_size(group[0])]  # built without a trace: the untuned function
     todo = {_size(t): list(records) for t, records in zip(group, orders) if records}

@@ -6,7 +6,7 @@ predicated tiles and intermediates sized for the largest size the bucket serves.
 can differ by several times, and not in the same order: on the Llama block's q k^T at
 n=256 (Zen 4) the fastest static record ran 1.44 ms in the dispatch, the seventh fastest
 0.38 ms. So after the search, ``rank_buckets`` builds each bucket's few fastest records
-(and the untuned function) exactly as ``ApplyDatabase`` will (``dynamic.dispatch_workload``),
+(and the untuned function) exactly as ``ApplyDatabase`` will (``dispatch_workload``),
 times them at the bucket's size and at the largest size it serves, checks them against the
 untuned function, and keeps the result in ``work_dir/dispatch_ranking.json``;
 ``ApplyDatabase`` then runs the record that ranked fastest (``ranking_for``). Ranking is
@@ -25,16 +25,16 @@ from typing import Any
 
 import tvm
 
-from .. import dynamic
-from ..database import Database, is_baseline
-from ..database import candidate_key
+from ..database import Database, candidate_key, is_baseline
 from ..utils import args_info, normalize_mod, structural_hash
-from ..work_dir import read_json_entries, write_json
+from ..work_dir import RANKING_FILE, WorkDir
+from .buckets import specialize
+from .dispatch import dispatch_workload, upper_limit
 
 logger = logging.getLogger(__name__)
 
-RANKING_FILE = "dispatch_ranking.json"
-"""Per work_dir: each ranked record of each dynamic-shape bucket and its time as dispatched."""
+__all__ = ["BUCKET_ALTERNATIVES", "RANKING_FILE", "UNTUNED", "bucket_records", "rank_buckets",
+           "ranking_for", "read_rankings"]
 
 UNTUNED = "untuned"
 """The ranking key of a bucket's untuned function."""
@@ -48,11 +48,14 @@ def _bucket_id(shash: int, sizes: dict[str, int]) -> str:
     return f"{int(shash)}:" + ",".join(f"{k}={int(v)}" for k, v in sorted(sizes.items()))
 
 
-def read_rankings(work_dir: str | None) -> dict[str, dict[str, Any]]:
+def read_rankings(work_dir: WorkDir | str | None) -> dict[str, dict[str, Any]]:
     """``{bucket id: {"key": {record key: score or None (failed)}, ...}}`` from
-    ``work_dir``'s ranking file, or {} (none, or unreadable: logged)."""
-    return read_json_entries(work_dir, RANKING_FILE,
-                             "dynamic-shape buckets run their fastest static record")
+    ``work_dir``'s ranking file (``RANKING_FILE``), or {} (none, or unreadable: logged)."""
+    work_dir = WorkDir.maybe(work_dir)
+    if work_dir is None:
+        return {}
+    return work_dir.read_entries(RANKING_FILE,
+                                 "dynamic-shape buckets run their fastest static record")
 
 
 def ranking_for(rankings: dict[str, dict[str, Any]], workload: tvm.IRModule,
@@ -65,7 +68,7 @@ def ranking_for(rankings: dict[str, dict[str, Any]], workload: tvm.IRModule,
     return dict(entry.get("scores", {})) if entry else {}
 
 
-def rank_buckets(tasks: Sequence[Any], db: Database, measurer: Any, work_dir: str,
+def rank_buckets(tasks: Sequence[Any], db: Database, measurer: Any, work_dir: WorkDir | str,
                  per_bucket: int, deadline: float | None = None) -> int:
     """Rank the ``per_bucket`` fastest static records (those faster than the untuned
     function) of each dynamic-shape task in ``tasks`` by their time as dispatched, into
@@ -75,6 +78,7 @@ def rank_buckets(tasks: Sequence[Any], db: Database, measurer: Any, work_dir: st
     dyn = [t for t in tasks if getattr(t, "symbolic", None) is not None and t.shape]
     if not dyn or per_bucket <= 0:
         return 0
+    work_dir = WorkDir.of(work_dir)
     rankings = read_rankings(work_dir)
     hinted = _hinted_sizes(dyn)
     todo = []
@@ -100,7 +104,7 @@ def rank_buckets(tasks: Sequence[Any], db: Database, measurer: Any, work_dir: st
         entry = rankings.setdefault(key, {"task": task.task_name, "scores": {}})
         entry["scores"].update(_rank_one(task, records, hinted[structural_hash(task.symbolic)],
                                          measurer, UNTUNED not in entry["scores"]))
-        write_json(work_dir, RANKING_FILE, rankings)
+        work_dir.write_json(RANKING_FILE, rankings)
         done += 1
         best = min(((s, k) for k, s in entry["scores"].items() if s is not None),
                    default=(None, None))
@@ -124,8 +128,8 @@ def _rank_one(task: Any, records: list, hinted: dict[str, list[int]], measurer: 
               with_untuned: bool) -> dict[str, float | None]:
     """Scores of ``records`` (and of the untuned function) of one bucket, as dispatched."""
     sizes = {k: int(v) for k, v in task.shape.items()}
-    limits = {k: dynamic.upper_limit(v, hinted.get(k, [v])) for k, v in sizes.items()}
-    marked = dynamic.dispatch_workload(task.symbolic, sizes, hinted)
+    limits = {k: upper_limit(v, hinted.get(k, [v])) for k, v in sizes.items()}
+    marked = dispatch_workload(task.symbolic, sizes, hinted)
     keys = [candidate_key(r.trace_json) for r in records]
     traces: list[list | None] = [r.trace_json for r in records]
     if with_untuned:
@@ -134,8 +138,7 @@ def _rank_one(task: Any, records: list, hinted: dict[str, list[int]], measurer: 
     artifacts = [b.artifact_path for b in builds]
     infos = [task.args_info]
     if limits != sizes:
-        infos.append(args_info(normalize_mod(dynamic.specialize(task.symbolic["main"],
-                                                                limits))))
+        infos.append(args_info(normalize_mod(specialize(task.symbolic["main"], limits))))
     times = [measurer.runner.run(artifacts, info, task.target) for info in infos]
     scores: dict[str, float | None] = {}
     for i, key in enumerate(keys):

@@ -1,16 +1,15 @@
 """Head-to-head timing: a candidate about to become its task's best is timed again, in
 alternation with a reference kernel of the task (an earlier best), before it is recorded.
 
-Why: the speed of a shared machine drifts. On the 2-core development box the same library
-times 1.27 ms for a minute and 1.50 ms the next (a neighbour on the sibling hyperthread, the
-clock), and the drift hits kernels unevenly. A candidate timed in a fast spell then looks
-better than a better one timed in a slow spell, and the more candidates a run measures, the
-surer its recorded best is such a lucky measurement (the winner's curse: 256-trial runs
-re-timed slower than 64-trial ones). Timing challenger and reference alternately, round by
-round, puts both in the same spell; the mean of the per-round ratios decides (the database
-ranks records by their mean). Within a round each side counts its fastest repeat: interference
-from other work only ever adds time, and one disturbed repeat (a CI neighbour, a spinning
-thread) would otherwise swing a whole round's ratio by 2x or more.
+Why: the speed of a shared machine drifts (a neighbour on the sibling hyperthread, the clock),
+and the drift hits kernels unevenly. A candidate timed in a fast spell then looks better than a
+better one timed in a slow spell, and the more candidates a run measures, the surer its
+recorded best is such a lucky measurement (the winner's curse). Timing challenger and reference
+alternately, round by round, puts both in the same spell; the mean of the per-round ratios
+decides (the database ranks records by their mean). Within a round each side counts its fastest
+repeat: interference from other work only ever adds time, and one disturbed repeat (a CI
+neighbour, a spinning thread) would otherwise swing a whole round's ratio. Measurements:
+docs/design/head-to-head.md.
 
 The challenger's record is written in the reference's frame: ``reference_secs * ratio`` for
 each round, so the database keeps ranking every record of the task on one scale.

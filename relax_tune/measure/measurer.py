@@ -61,7 +61,7 @@ the speedup, not a candidate to rank); with the correctness check on, that call 
 the check its reference outputs, so the untuned function runs once, not twice."""
 _CLEAR_WIN = 1.5
 """A would-be best this many times faster than the best so far needs no head-to-head: the
-machine's drift stays well inside it (measured here: up to ~1.3x)."""
+machine's drift stays well inside it (docs/design/head-to-head.md)."""
 _MAX_CHALLENGES = 4
 """Head-to-heads per batch at most (later would-be bests keep their own timing)."""
 

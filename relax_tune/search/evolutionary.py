@@ -18,33 +18,21 @@ model; or a model trained on other tasks) and that has no measured candidate yet
 larger pool: ``ranked_pool`` fresh samples and ``ranked_generations`` rounds of
 ``ranked_mutants`` mutants, and returns the best-predicted ones without random picks. Those
 first candidates are all the measurements most tasks of a real model get, and a model
-that ranks before the first trial is worth most when it screens many candidates (on the
-AMD EPYC Zen 4 the pre-trained model was trained on, the held-out kernels' best of 16 trials
-with it against 64 without, timed side by side, went from 0.73-1.07x with the usual first
-pool to 0.91-1.05x with 256 fresh samples and 4 x 64 mutants).
+that ranks before the first trial is worth most when it screens many candidates.
 
 That pool is mostly fresh samples (512, and one round of 64 mutants): mutation rounds of the
 best-predicted take the model's preferences to their extreme, and on a CPU it was not
-trained on those are where it is most wrong (on the Intel Xeon, the Zen-4-only model's
-matmul register tiles). Against 256 fresh and 4 x 64 mutants, Intel Xeon, 2 threads, 16
-seeds (8 for batch matmul), geometric mean of the per-seed ratios of the best found: after 8
-trials matmul 256^3 1.05x, conv2d 96ch 20x20 1.17x, depthwise and batch matmul level; after
-16 matmul 1.09x, conv2d 0.96x, depthwise 1.06x, batch matmul 0.97x; whole ResNet-18 at 8
-trials per task 0.89x and 0.90x ONNX Runtime's speed against 0.84x and 0.84x (two paired
-runs), its tuning 242-246 s against 217-218 s (fresh samples replay slower than mutants).
+trained on those are where it is most wrong (the register tiles it learnt on another CPU).
+Fresh samples replay slower than mutants, so the pool costs some tuning time.
 
 With ``small_pool_share`` above 0 (default 0: off), that share of the first batch is the
 best-predicted of a small pool grown first within it (``SMALL_POOL``: 64 fresh samples, 2
 rounds of 32 mutants), the rest the best of the whole pool. The best-predicted of many
-candidates are where the model is most wrong: a preference learnt on one CPU (the Zen-4-only
-model's register tiles) is taken at its most extreme, and a smaller pool's best are a hedge.
-On the Intel Xeon, 6 seeds, best after 16 trials (with the earlier first pool of 256 fresh
-samples and 4 x 64 mutants; the same pools, selection only; medians): matmul 256^3 124.5 ->
-111.5 us, conv2d 96ch 20x20 417.7 -> 405.1 us, depthwise 128ch 28x28 25.7 -> 26.6 us (level
-in 4 of 6 seeds); the small pool alone: matmul 109.0 us but conv2d 469.9 and depthwise 32.0
-(against 397.1 and 21.1 with the large one, another run). Off by default: on whole ResNet-18
-at 8 trials per task (the first batch is all a task gets) it cost 2-4% in two paired runs
-(ONNX Runtime over ours 0.83x with it against 0.86x without; 0.81x against 0.83x).
+candidates are where the model is most wrong, and a smaller pool's best are a hedge. Off by
+default: where the first batch is all a task gets (a whole model at 8 trials per task),
+convolutions lose half of it to the small pool.
+
+The measurements behind these choices: docs/design/first-pool.md.
 
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds (they overlap the builds); the call then only re-scores the pool with the model that

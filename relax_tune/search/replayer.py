@@ -3,7 +3,7 @@
 A candidate of the evolutionary search is one of the design space's sketches with its
 decisions (some missing: the replay samples them from a seed). Replaying it (apply the
 sketch, postprocess, check), then writing its trace as JSON, hashing its program and
-extracting its features costs ~5-13 ms, and a task's first pool takes hundreds of them
+extracting its features costs milliseconds, and a task's first pool takes hundreds of them
 while the builder has only the untuned function to compile. ``Replayer.replay`` hands
 groups of such jobs to the builder's worker processes and works through the rest itself:
 the workers take groups from the front of the queue, this process from the back, so it never

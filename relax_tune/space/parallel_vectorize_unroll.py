@@ -234,8 +234,8 @@ class RewriteParallelVectorizeUnroll(Postproc):
 
 MAX_FULL_UNROLL = 256
 """Most iterations a whole loop nest may be unrolled into. Unrolled past that (a small
-reduction whose every loop fits under a 512 step: 512 copies of a 32-lane FMA), LLVM took
-143 s to compile one batch_matmul candidate that builds in 0.7 s at 256."""
+reduction whose every loop fits under a 512 step: 512 copies of a 32-lane FMA), LLVM's
+compile time explodes (docs/design/cpu-space-limits.md)."""
 
 
 def _unroll_step(sch: Schedule, loops: list[LoopRV], step: int) -> int:
