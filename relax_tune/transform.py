@@ -1,4 +1,5 @@
-"""The passes users put in their pipelines, and the "relax_tune" pipeline.
+"""The passes users put in their pipelines (the "relax_tune" pipeline that chains them is
+``relax_tune.pipeline``).
 
 - ``TuneIRMod``: tune the TIR functions called from a Relax module (writes records only).
 - ``TuneTIR``: tune every TIR function of a module, one shared budget (writes records only).
@@ -27,7 +28,7 @@ from .dynamic.plan import read_plans
 from .dynamic.rank import read_rankings
 from .dynamic.workloads import upper_bounds
 from .tuning.extract import Task, extract_tasks
-from .lowering import bind_params, lowering_passes  # noqa: F401 (re-exported for scripts)
+from .lowering import bind_params, lower_for_tuning, lowering_passes  # noqa: F401 (for scripts)
 from .tuning.state import TaskReport
 from .tuning.tune import tune_tasks
 from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target
@@ -264,13 +265,3 @@ def _with_attrs_of(new: tirx.PrimFunc, func: tirx.PrimFunc) -> tirx.PrimFunc:
     if func.attrs is None or "global_symbol" not in func.attrs:
         new = new.without_attr("global_symbol")
     return new.with_attr("tirx.is_scheduled", True)
-
-
-def __getattr__(name: str):
-    """``relax_tune_pipeline`` and ``register_pipeline`` live in ``relax_tune.pipeline`` (they
-    use the passes above) and stay importable from here, where users have found them."""
-    if name in ("relax_tune_pipeline", "register_pipeline"):
-        from . import pipeline
-
-        return getattr(pipeline, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -48,7 +48,7 @@ def dispatch_function(func: tirx.PrimFunc,
     record is the untuned function). Every branch function must be ``func`` scheduled
     (same parameters).
 
-    ``served`` (a function of one symbolic variable only; ``dispatch_plan``): per branch,
+    ``served`` (a function of one symbolic variable only; ``plan``): per branch,
     the ``[low, high]`` ranges of values it serves instead, measured; values in no range
     run ``func``'s body."""
     variables = {v.name: v for v in symbolic_vars(func)}
@@ -193,7 +193,7 @@ def _bounded_alloc(line: str, limits: Mapping[str, str]) -> str:
 DISPATCH_KEY = "relax_tune.dispatch"
 """Function attribute of a symbolic workload sent to a build worker: build the dispatch of
 one bucket (``{"sizes": {var: size}, "hinted": {var: [sizes]}}``, and ``"serves": [[low,
-high], ...]`` when it serves those ranges, ``dispatch_plan``) instead of replaying
+high], ...]`` when it serves those ranges, ``plan``) instead of replaying
 the trace on the workload itself (``dispatch_workload``, ``dispatch_module``)."""
 
 BUILDER = f"{__name__}:dispatch_module"
