@@ -1,5 +1,5 @@
 """Measuring which bucket's kernel serves which sizes of a dynamic-shape function
-(``relax_tune.dispatch_plan``), and ApplyDatabase following the plan."""
+(``relax_tune.dynamic.plan``), and ApplyDatabase following the plan."""
 
 from __future__ import annotations
 

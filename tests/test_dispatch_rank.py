@@ -1,5 +1,5 @@
 """Ranking a dynamic-shape bucket's records as they run, replayed on the symbolic function
-(``relax_tune.dispatch_rank``), and ApplyDatabase following the ranking."""
+(``relax_tune.dynamic.rank``), and ApplyDatabase following the ranking."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Candidates with packed weights, at measurement time.
 
 A candidate whose schedule rewrites a weight's layout is built as two functions (see
-``relax_tune.space.layout_rewrite.split_layout_rewrite``): ``main`` reads the packed weight,
+``relax_tune.space.cpu.layout_rewrite.split_layout_rewrite``): ``main`` reads the packed weight,
 the packing function makes it. In a compiled model the packing runs once at compile time, so
 the runner must not time it: it packs the inputs once, then times ``main``. The plan travels
 as a small JSON file next to the artifact, so every runner (local or RPC) finds it.

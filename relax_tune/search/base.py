@@ -54,7 +54,7 @@ class SearchContext:
         records: the task's tuning records already in the database (warm start; failures
             included), best first.
         task_name: the task's name, for logs (the task's when only ``task`` is given).
-        task: the task being searched (``relax_tune.extract.Task``: name, weight, workload),
+        task: the task being searched (``relax_tune.tuning.extract.Task``: name, weight, workload),
             or None when a search is used on its own.
         replay_pool: the builder's worker pool (``LocalBuilder.pool``), whose idle workers
             may replay the search's candidates (``replayer.Replayer``); None: all in this
