@@ -22,7 +22,8 @@ from relax_tune.search.mutators import (MutateCategorical, MutateParallel, Mutat
                                         MutateUnroll)
 from relax_tune.space import (check_decision, sampling_instructions, sketch_part,
                               space_for_target, validate_decisions)
-from relax_tune.tuning.tune import BASELINE_KEY, tune_tasks
+from relax_tune.tuning.state import BASELINE_KEY
+from relax_tune.tuning.tune import tune_tasks
 from relax_tune.utils import normalize_mod, structural_hash
 
 

@@ -26,7 +26,8 @@ from relax_tune.tuning.extract import extract_tasks
 from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.measure.verify import WRONG_RESULT, CorrectnessChecker, compare_outputs
 from relax_tune.database import candidate_key
-from relax_tune.tuning.tune import BASELINE_KEY, tune_tasks
+from relax_tune.tuning.state import BASELINE_KEY
+from relax_tune.tuning.tune import tune_tasks
 
 from relax_tune.testing.workloads import matmul_mod
 

@@ -68,7 +68,9 @@ def script_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _workload(digest: str, script: str) -> tvm.IRModule:
+def cached_workload(digest: str, script: str) -> tvm.IRModule:
+    """The workload of a TVMScript text (keyed by ``script_digest``), parsed once per worker
+    process and kept among the most recent ones."""
     mod = _workloads.get(digest)
     if mod is None:
         mod = tvm.script.from_source(script)
@@ -82,7 +84,8 @@ def _workload(digest: str, script: str) -> tvm.IRModule:
     return mod
 
 
-def _target(target_json: str) -> tvm.target.Target:
+def cached_target(target_json: str) -> tvm.target.Target:
+    """The target of a JSON text, made once per worker process."""
     target = _targets.get(target_json)
     if target is None:
         target = tvm.target.Target(json.loads(target_json))
@@ -128,8 +131,8 @@ def build_candidate(digest: str, script: str, target_json: str, trace_json: str 
     start = time.perf_counter()
     stage = "parse workload"
     try:
-        mod = _workload(digest, script)
-        target = _target(target_json)
+        mod = cached_workload(digest, script)
+        target = cached_target(target_json)
         trace = None if trace_json is None else json.loads(trace_json)
         if trace is not None and is_baseline(trace):
             trace = None

@@ -31,7 +31,7 @@ import tvm
 from tvm.s_tir import Schedule, Trace
 
 from ..cost_model.features import extract_features
-from ..measure._worker import _target, _workload, script_digest
+from ..measure._worker import cached_target, cached_workload, script_digest
 from ..space import space_for_target, without_decisions
 from ..utils import error_line, structural_hash, to_plain, trace_to_json
 from ..database.records import candidate_key
@@ -129,8 +129,8 @@ def replay_in_worker(digest: str, script: str, target_json: str, sketches: dict,
     seed]``; ``sketches``: digest -> trace JSON text) of one workload. One row per job:
     ``[error]``, ``[None, trace_json, key, program, features, decisions]``, or
     ``[REBUILD_FAILED]`` when the sketch does not rebuild here (the parent replays it)."""
-    mod = _workload(digest, script)
-    target = _target(target_json)
+    mod = cached_workload(digest, script)
+    target = cached_target(target_json)
     space = _spaces.get(target_json)
     if space is None:
         space = _spaces[target_json] = space_for_target(target)
