@@ -12,6 +12,7 @@ from .config import TuneConfig
 from .lowering import backend_pipeline, default_prepack, lower_for_tuning
 from .transform import ApplyDatabase, TuneIRMod
 from .utils import RelaxTuneError, parse_target
+from .work_dir import WorkDir
 
 
 def _without_transform_params(mod: tvm.IRModule) -> tvm.IRModule:
@@ -21,7 +22,7 @@ def _without_transform_params(mod: tvm.IRModule) -> tvm.IRModule:
                          if not gv.name_hint.endswith("_transform_params")})
 
 
-def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
+def relax_tune_pipeline(target=None, work_dir: "WorkDir | str" = "relax_tune_work",
                         max_trials_global: int = 64, max_trials_per_task: int | None = None,
                         op_names: Sequence[str] | None = None, params: dict | None = None,
                         lift_transform_params: bool = False,
@@ -83,6 +84,7 @@ def relax_tune_pipeline(target=None, work_dir: str = "relax_tune_work",
                              "time) or lift_transform_params=True (prepack in "
                              "<func>_transform_params)")
 
+    work_dir = WorkDir.of(work_dir)  # checked once, here, before any work
     tuner = TuneIRMod(work_dir=work_dir, config=config, max_trials_global=max_trials_global,
                       max_trials_per_task=max_trials_per_task, op_names=op_names, **options)
 

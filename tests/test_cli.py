@@ -213,6 +213,9 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys, onnx_model):
     code, _, err = run_cli(capsys, "tune", path, "--work-dir", str(tmp_path / "w"),
                            "--trials", "4", "--target", "{bad json")
     assert code == 2 and "not valid JSON" in err
+    code, _, err = run_cli(capsys, "tune", path, "--work-dir", str(tmp_path / "w"),
+                           "--trials", "4", "--cost-model", "xgboost")
+    assert code == 2 and "cost_model='xgboost' is not one of" in err
 
 
 def test_parse_helpers():

@@ -94,7 +94,8 @@ def test_cpu_baseline_is_the_function_as_it_is(target):
 def test_builder_builds_the_cuda_baseline_as_gpu_kernels(trace, sm80):
     """What the tuner builds for the baseline record and for the correctness check's
     reference (the trace None, or the baseline's empty trace) is dlight's program: the
-    library embeds a CUDA kernel (built without a GPU; nvcc or NVRTC compile it on load).
+    library embeds a CUDA kernel -- its source where TVM's CUDA runtime is not loaded (no
+    GPU driver: nvcc or NVRTC compile it on load), else the binary NVRTC or nvcc made of it.
     A tuned candidate built next in the same worker replays on the workload as it was."""
     mod, _ = matmul()
     cand = ReplaySearch(mod, sm80, seed=11).next_candidates(1)[0]
@@ -107,7 +108,9 @@ def test_builder_builds_the_cuda_baseline_as_gpu_kernels(trace, sm80):
         assert tuned.ok, tuned.error
     finally:
         builder.shutdown()
-    assert b"__global__" in data and b"main_kernel" in data and b"threadIdx.x" in data
+    assert b"main_kernel" in data  # the unbound function would be host code: no kernel
+    if tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is None:
+        assert b"__global__" in data and b"threadIdx.x" in data
 
 
 def _gpu_target() -> tvm.target.Target:

@@ -302,7 +302,7 @@ class JSONDatabase(IndexedDatabase):
     def _read_new(self) -> None:
         """Load the workload lines, then the record lines, not read yet."""
         # Loading builds millions of small lists (traces); the cyclic collector would walk the
-        # growing heap again and again (a 100k-record file loaded 3x slower with it on).
+        # growing heap again and again (docs/design/database.md, "Loading large files").
         # Nothing parsed here forms cycles, so it is paused while reading.
         was_enabled = gc.isenabled()
         gc.disable()

@@ -67,8 +67,8 @@ def dispatch_function(func: tirx.PrimFunc,
             branch = _same_params(branch, func)
             (var,) = variables.values()
             # one copy of the branch per run of adjacent ranges, its intermediates sized for
-            # that run: bucket 16's kernel serving n=16 and n=513..1023 with intermediates for
-            # 1023 made the Llama block's RMSNorm 0.003 -> 0.19 ms at n=16 in the model
+            # that run: one copy sized for the largest range it serves slows the small sizes
+            # (measured: docs/design/dispatch-plan.md, "Per-range copies")
             for low, high in reversed(_merged(served[index])):
                 body = tirx.IfThenElse(_in_range(var, low, high),
                                        _mark_bounds(branch.body, {var.name: high}, variables),
@@ -143,11 +143,12 @@ def _bound_intermediates(text: str) -> str:
     An intermediate of shape ``(1, 8, n, n)`` allocated in a branch that runs for
     ``n <= 362`` becomes ``(1, 8, 362, 362)``: every access stays below ``n``. What matters is
     what TVM's buffer compaction makes of it: a tile of a symbolic buffer comes out as
-    ``(2, min(n, 64), min(n, 256))`` with symbolic strides, which cost the Llama block's
-    q k^T + causal mask 3.5x over the static kernel at the bucket's own size (1.56 ms vs
-    0.45 ms at n = 256, Zen 4); with a constant shape the tile is constant too. Only
-    dimensions that are exactly a symbolic variable are replaced (anything else is left
-    symbolic). Text, because TVM 0.27 has no Python mutator to re-point a buffer's uses."""
+    ``(2, min(n, 64), min(n, 256))`` with symbolic strides, which made the Llama block's
+    q k^T + causal mask several times slower than the static kernel at the bucket's own size
+    (measured: docs/design/dynamic-shapes.md, "Intermediates sized per branch"); with a
+    constant shape the tile is constant too. Only dimensions that are exactly a symbolic
+    variable are replaced (anything else is left symbolic). Text, because TVM 0.27 has no
+    Python mutator to re-point a buffer's uses."""
     lines = text.splitlines()
     out, i = [], 0
     while i < len(lines):

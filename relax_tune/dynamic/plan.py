@@ -3,15 +3,14 @@
 Without a plan, ``ApplyDatabase`` sends each size to the nearest tuned bucket (log scale).
 But a bucket's record is tuned at its one size; replayed at another, its tiles pad and its
 parallel loop may deal uneven work to the threads, and another bucket's record can be
-much faster there. BERT's FFN down (Zen 4, 2 threads): bucket 256's record ran 13.9 ms at
-n=300, bucket 16's 7.7 ms. So after the search, ``plan_dispatch`` builds each bucket's
-record as ``ApplyDatabase`` replays it, serving every size, and times all of them (and the
-untuned function) at each hinted size and at one probe size inside each stretch between
-neighbouring hinted sizes (four stretches per gap, one split where the nearest bucket
-changes; ``stretches``). A stretch (or hinted size) goes to the fastest there when it is
-clearly faster (``MARGIN``) than the nearest bucket, stays so timed alternately with it
-(``head_to_head``), and computes the right result at the probe; sizes above the largest go
-to the untuned function.
+much faster there (measured: docs/design/dispatch-plan.md). So after the search,
+``plan_dispatch`` builds each bucket's record as ``ApplyDatabase`` replays it, serving
+every size, and times all of them (and the untuned function) at each hinted size and at
+one probe size inside each stretch between neighbouring hinted sizes (four stretches per
+gap, one split where the nearest bucket changes; ``stretches``). A stretch (or hinted
+size) goes to the fastest there when it is clearly faster (``MARGIN``) than the nearest
+bucket, stays so timed alternately with it (``head_to_head``), and computes the right
+result at the probe; sizes above the largest go to the untuned function.
 
 The plan is kept in ``work_dir/dispatch_plan.json`` with the record each bucket was timed
 with; ``ApplyDatabase`` follows it (``served_ranges``) only while every bucket still
@@ -68,8 +67,8 @@ def stretches(hinted: Sequence[int], per_gap: int = 4
     Why that fine: how a kernel pads its tiles changes along a stretch, and with two
     stretches per gap one probe (n=363) decided for all of n=257..512. Why the hinted sizes:
     timed with the cache flushed, a bucket's own record is not always the fastest kernel at
-    its size (BERT's FFN up at n=256, Zen 4: bucket 64's 5.86 ms, bucket 256's 6.85); a
-    hinted size moves only when the other kernel also wins timed warm (``_Planner``)."""
+    its size; a hinted size moves only when the other kernel also wins timed warm
+    (``_Planner``). Measured: docs/design/dispatch-plan.md."""
     sizes = sorted({int(s) for s in hinted})
     out = []
 
@@ -286,9 +285,9 @@ class _Planner:
     def _confirmed(self, best: int | None, owner: int | None, info: list) -> bool:
         """Whether ``best``'s kernel stays clearly faster than ``owner``'s timed alternately
         (``head_to_head``, median of the rounds). The probe times the nearest bucket first
-        and the others after it, and the machine's speed drifts between the two: BERT's
-        layer (Zen 4) had n=363..512 of its FFN up served by bucket 16's kernel and n=1024
-        of its output projection by bucket 64's on one such timing."""
+        and the others after it, and the machine's speed drifts between the two, enough to
+        pick a kernel that is not faster (docs/design/dispatch-plan.md, "The side-by-side
+        confirmation")."""
         ratios = head_to_head(self.measurer.runner, self.built[owner][0],
                               self.built[best][0], info, self.target)
         confirmed = ratios is not None and statistics.median(ratios) * MARGIN < 1.0
@@ -300,9 +299,9 @@ class _Planner:
 
     def _faster_warm(self, best: int | None, owner: int | None, info: list) -> bool:
         """Whether ``best``'s kernel is also clearly faster than ``owner``'s timed warm (and
-        alternately, as ``_confirmed``). Flushed timing alone moved the Llama block's hinted
-        n=16 to kernels that ran it 18% slower in the model, where at that size the weights
-        stay in the L3 cache (Zen 4)."""
+        alternately, as ``_confirmed``). At a small hinted size the model finds the weights
+        in the outer cache, and flushed timing alone moved such sizes to kernels slower in
+        the model (docs/design/dispatch-plan.md, "The warm check at hinted sizes")."""
         with _cache_flushed(self.measurer.runner, False):
             return self._confirmed(best, owner, info)
 
@@ -345,9 +344,8 @@ def _cache_flushed(runner: Any, flushed: bool = True):
     """``runner`` flushing the CPU cache before each timed call while in the block (or not,
     ``flushed=False``), where it can. In a model a kernel finds its weights in the outer
     caches or memory, not in the L2 its own timing loop leaves them in, and which bucket's
-    kernel is faster can differ: the Llama block's q/k/v projection at n=128, bucket 16's
-    kernel against bucket 64's (Zen 4, 2 threads): 0.31 / 0.33 ms timed warm, 0.56 / 0.44
-    ms flushed, and 1.40 / 1.07 ms for its three calls in the model."""
+    kernel is faster can differ between the two (measured: docs/design/dispatch-plan.md,
+    "Flushed timing")."""
     if not hasattr(runner, "enable_cpu_cache_flush"):
         yield
         return

@@ -3,15 +3,14 @@
 A bucket's candidates are timed as static kernels (fast to build, what the search needs),
 but ``ApplyDatabase`` runs each bucket's record replayed on the *symbolic* function, with
 predicated tiles and intermediates sized for the largest size the bucket serves. The two
-can differ by several times, and not in the same order: on the Llama block's q k^T at
-n=256 (Zen 4) the fastest static record ran 1.44 ms in the dispatch, the seventh fastest
-0.38 ms. So after the search, ``rank_buckets`` builds each bucket's few fastest records
-(and the untuned function) exactly as ``ApplyDatabase`` will (``dispatch_workload``),
-times them at the bucket's size and at the largest size it serves, checks them against the
-untuned function, and keeps the result in ``work_dir/dispatch_ranking.json``;
-``ApplyDatabase`` then runs the record that ranked fastest (``ranking_for``). Ranking is
-resumable (what is ranked is never timed again) and optional: without a ranking the
-fastest static record runs, as before.
+can differ by several times, and not in the same order (measured:
+docs/design/dispatch-plan.md, "The ranking"). So after the search, ``rank_buckets`` builds
+each bucket's few fastest records (and the untuned function) exactly as ``ApplyDatabase``
+will (``dispatch_workload``), times them at the bucket's size and at the largest size it
+serves, checks them against the untuned function, and keeps the result in
+``work_dir/dispatch_ranking.json``; ``ApplyDatabase`` then runs the record that ranked
+fastest (``ranking_for``). Ranking is resumable (what is ranked is never timed again) and
+optional: without a ranking the fastest static record runs, as before.
 """
 
 from __future__ import annotations

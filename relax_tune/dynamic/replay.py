@@ -77,11 +77,10 @@ def parallel_variable_factors(factors_of: Mapping[int, Sequence[int]],
     other runs full tiles. A row tile ``[2, 32, 2, 2]`` decided at n=256, its first two
     loops in the parallel loop, becomes ``[2, None, 2, 2]``: at n=300 the 32 grows to 38
     (8 rows of padding) instead of a third outer tile of 44 of 128 rows, two of which one
-    thread ran while the other ran the 44 (Llama's MLP matmul at n=300 on bucket 256's
-    record: 1.8x its time at 256, 2 cores). A factor outside the parallel loop stays
-    constant: there it is a register or cache tile (made symbolic, the Llama block ran
-    1.35x slower at n=16, and BERT's FFN down 1.4x slower at n=256 with its 128-row cache
-    tile symbolic)."""
+    thread ran while the other ran the 44. A factor outside the parallel loop stays
+    constant: there it is a register or cache tile, and made symbolic it loses more than
+    the padding costs. Measured: docs/design/dynamic-shapes.md, "Which factor is
+    ceil-divided"."""
     out = {}
     for index, positions in parallel.items():
         factors = factors_of[index]

@@ -29,14 +29,15 @@ def unswitch_partial_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     A tile that does not divide ``n`` is guarded by a block predicate (``T.where(i < n)``)
     evaluated in the innermost loop: a symbolic division per element that also keeps LLVM
     from unrolling and vectorising the tile as it does in the static kernel the record was
-    timed as (the BERT layer's projections ran 4x slower at the bucket's own size). Here a
-    loop's body becomes ``if <every predicate holds for the whole body>: <body without
-    them> else: <body as it was>``: the test is each predicate's upper bound over the loops
-    inside (``tvm.sym.Analyzer.int_set``), evaluated once per iteration of the loop. Each
-    predicate is tested at the outermost loop whose inner loops it depends on all have a
-    constant extent (``_full_tile_guard``): a row-tiled matmul's row tiles at its parallel
-    loop (only the last iteration is partial), a reduction over ``n`` split by 16 inside
-    its chunk loop (only the last chunk is partial). Up to ``UNSWITCH_DEPTH`` tests nest.
+    timed as (measured: docs/design/dynamic-shapes.md, "Full tiles run the static kernel's
+    code"). Here a loop's body becomes ``if <every predicate holds for the whole body>:
+    <body without them> else: <body as it was>``: the test is each predicate's upper bound
+    over the loops inside (``tvm.sym.Analyzer.int_set``), evaluated once per iteration of
+    the loop. Each predicate is tested at the outermost loop whose inner loops it depends
+    on all have a constant extent (``_full_tile_guard``): a row-tiled matmul's row tiles at
+    its parallel loop (only the last iteration is partial), a reduction over ``n`` split by
+    16 inside its chunk loop (only the last chunk is partial). Up to ``UNSWITCH_DEPTH``
+    tests nest.
     A predicate whose bound cannot be expressed stays where it is. The result shares
     definitions between the two copies; ``dispatch_function``'s print/parse renews them."""
     root = func.body
@@ -64,10 +65,10 @@ def _chunk_partial_vectors(stmt, defined: set, analyzer) -> tirx.Stmt:
 
     What unswitching leaves predicated is the partial tile: a 64-lane vector tile over
     ``n`` with lanes past ``n``. TVM cannot vectorise a predicated body and runs the
-    whole tile as a scalar loop; the BERT layer's q k^T at n=300 (bucket 256, its
-    last column tile 44 of 64 lanes) ran 7x slower than at n=256 (Zen 4). In chunks,
-    only the lanes of the one chunk that straddles ``n`` run scalar, and chunks wholly
-    past ``n`` are skipped."""
+    whole tile as a scalar loop (the BERT layer's q k^T at n=300 on bucket 256's records,
+    its last column tile 44 of 64 lanes; measured: docs/design/dynamic-shapes.md, "The
+    partial tile, loop by loop"). In chunks, only the lanes of the one chunk that straddles
+    ``n`` run scalar, and chunks wholly past ``n`` are skipped."""
     if isinstance(stmt, tirx.SeqStmt):
         parts = [_chunk_partial_vectors(s, defined, analyzer) for s in stmt.seq]
         if all(a.same_as(b) for a, b in zip(parts, stmt.seq)):
@@ -188,8 +189,8 @@ def _above_intermediates(root: SBlock) -> frozenset:
     the mask that follows it is a tile of 2 x 4 x 256 floats, in L1. A full-tile test at a
     loop above that one splits the accesses into two copies of the loop nest, so the
     intermediate moves up to the test's loop and grows to the whole symbolic region (the
-    Llama block's q k^T + causal mask at n=256: 2 x 508 x 256 floats, 3.5x slower than with
-    the test inside the tile loop, Zen 4)."""
+    Llama block's q k^T + causal mask at n=256: 2 x 508 x 256 floats; measured:
+    docs/design/dynamic-shapes.md, "Where a full-tile test may sit")."""
     intermediates = {_identity(b) for b in root.alloc_buffers}
     paths: dict[int, list] = {}
 
