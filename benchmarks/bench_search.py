@@ -25,7 +25,7 @@ import tvm
 
 import relax_tune as rt
 from relax_tune.measure import LocalBuilder, LocalRunner
-from relax_tune.tuning.tune import BASELINE_KEY
+from relax_tune.tuning.state import BASELINE_KEY
 from relax_tune.database import candidate_key
 from relax_tune.utils import FAILED_RUN_SECS, ensure_tvm_threads, normalize_mod
 

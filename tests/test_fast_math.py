@@ -90,7 +90,7 @@ def test_lowering_uses_fast_math_on_cpu_only():
             return z
 
     def calls(target):
-        lowered = rt.prepare.lower_for_tuning(Gelu, target)
+        lowered = rt.lowering.prepare.lower_for_tuning(Gelu, target)
         names = set()
         for _, f in lowered.functions.items():
             if isinstance(f, tirx.PrimFunc):

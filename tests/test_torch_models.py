@@ -128,8 +128,8 @@ def test_cpu_convolutions_are_channels_last(target):
     whose kernels vectorise along the channels (graph.ChannelsLastConvolutions)."""
     model = load_model(f"{__file__}:small_cnn")
     with target:
-        mod = tvm.transform.Sequential(rt.prepare.graph_passes(target))(
-            rt.prepare.bind_params(model.mod, model.params))
+        mod = tvm.transform.Sequential(rt.lowering.prepare.graph_passes(target))(
+            rt.lowering.prepare.bind_params(model.mod, model.params))
     layouts = []
 
     def visit(expr):
@@ -157,8 +157,8 @@ def test_channels_last_keeps_no_transposes_around_relu6(target, tmp_path):
     around its ReLU6, 2.3 of its 5.1 ms), and the pipeline's output matches PyTorch."""
     model = load_model(f"{__file__}:mobilenet_block")
     with target:
-        mod = tvm.transform.Sequential(rt.prepare.graph_passes(target))(
-            rt.prepare.bind_params(model.mod, model.params))
+        mod = tvm.transform.Sequential(rt.lowering.prepare.graph_passes(target))(
+            rt.lowering.prepare.bind_params(model.mod, model.params))
     ops = []
 
     def visit(expr):

@@ -54,7 +54,7 @@ from relax_tune.database import JSONDatabase
 from relax_tune.database.records import is_baseline
 from relax_tune.tuning.extract import extract_tasks
 from relax_tune.measure import LocalRunner
-from relax_tune.search import candidate_key
+from relax_tune.database import candidate_key
 from relax_tune.tuning.tune import tune_tasks
 from relax_tune.utils import FAILED_RUN_SECS, normalize_mod, schedule_from_json
 
