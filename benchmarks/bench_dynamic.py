@@ -54,8 +54,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # the real-model benchmark's helpers: progress lines, the machine and commit, one round of calls
-from benchmarks.bench_real_models import (calibrate, cpu_model, log, relax_tune_commit,
-                                          set_torch_threads, time_once)
+from benchmarks.bench_real_models import log, relax_tune_commit
+from benchmarks.contenders import calibrate, time_once
+from benchmarks.real_models import cpu_model, set_torch_threads
 
 
 def make_model(name: str, small: bool):

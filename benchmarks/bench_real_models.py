@@ -64,50 +64,26 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import types
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from benchmarks.contenders import (Row, import_tensor_intrin, numpy_output, calibrate,
+                                   compile_metaschedule, compile_untuned, interleave,
+                                   metaschedule_tasks, tvm_row)
+from benchmarks.real_models import MODEL_NAMES, NOTES, cpu_model, make_model, set_torch_threads
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-MODEL_NAMES = ["resnet18", "mobilenet_v2", "bert", "vit"]
 LOG = print  # progress lines (stdout, flushed)
 
 
 def log(msg: str) -> None:
     LOG(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-# ---------------------------------------------------------------------------- environment
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (platform.processor() where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as file:
-            for line in file:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def set_torch_threads(torch, threads: int) -> None:
-    """PyTorch on ``threads`` intra-op threads and one inter-op thread (the latter can only
-    be set before PyTorch's first parallel work)."""
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
 
 
 def relax_tune_commit() -> str:
@@ -119,198 +95,6 @@ def relax_tune_commit() -> str:
         return head + (" (relax_tune/ has uncommitted changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def import_torchvision():
-    """torchvision 0.28 from the index is linked against CUDA torch: with the CPU torch its
-    ``_meta_registrations`` (the detection ops' meta kernels) fails to import. The
-    classification models need none of it, so an empty module stands in for it."""
-    name = "torchvision._meta_registrations"
-    if name not in sys.modules and "torchvision" not in sys.modules:
-        sys.modules[name] = types.ModuleType(name)
-        NOTES.append("torchvision imported with an empty torchvision._meta_registrations "
-                     "(CUDA-built torchvision on CPU torch; classification models need no C op)")
-    import torchvision
-
-    return torchvision
-
-
-NOTES: list[str] = []
-
-
-# ---------------------------------------------------------------------------- models
-def make_model(name: str, small: bool):
-    """``(torch module in eval mode, example inputs tuple, description)``; seeded."""
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    if name in ("resnet18", "mobilenet_v2"):
-        tv = import_torchvision()
-        size = 64 if small else 224
-        model = getattr(tv.models, name)(weights=None)
-        x = torch.randn(1, 3, size, size)
-        return model.eval(), (x,), f"1x3x{size}x{size}"
-    if name == "bert":
-        seq = 32 if small else 128
-
-        class SmallBert(nn.Module):
-            def __init__(self, vocab=8192, d=256, heads=4, ff=1024, layers=4):
-                super().__init__()
-                self.tok = nn.Embedding(vocab, d)
-                self.pos = nn.Parameter(torch.randn(1, seq, d) * 0.02)
-                self.norm = nn.LayerNorm(d)
-                self.layers = nn.ModuleList(
-                    nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu",
-                                               batch_first=True) for _ in range(layers))
-
-            def forward(self, ids):
-                h = self.norm(self.tok(ids) + self.pos)
-                for layer in self.layers:
-                    h = layer(h)
-                return h
-
-        ids = torch.randint(0, 8192, (1, seq), dtype=torch.int64)
-        return SmallBert().eval(), (ids,), f"seq {seq}, 4 layers d256"
-    if name == "vit":
-        img = 64 if small else 224
-
-        class SmallViT(nn.Module):
-            def __init__(self, patch=16, d=192, heads=3, ff=768, layers=6, classes=1000):
-                super().__init__()
-                n = (img // patch) ** 2
-                self.patch = nn.Conv2d(3, d, patch, patch)
-                self.cls = nn.Parameter(torch.randn(1, 1, d) * 0.02)
-                self.pos = nn.Parameter(torch.randn(1, n + 1, d) * 0.02)
-                self.layers = nn.ModuleList(
-                    nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu",
-                                               batch_first=True, norm_first=True)
-                    for _ in range(layers))
-                self.norm = nn.LayerNorm(d)
-                self.head = nn.Linear(d, classes)
-
-            def forward(self, x):
-                x = self.patch(x).flatten(2).transpose(1, 2)
-                x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
-                for layer in self.layers:
-                    x = layer(x)
-                return self.head(self.norm(x[:, 0]))
-
-        x = torch.randn(1, 3, img, img)
-        return SmallViT().eval(), (x,), f"1x3x{img}x{img}, 6 layers d192"
-    raise ValueError(name)
-
-
-def relax_tune_graph_passes(target) -> list:
-    """relax_tune's graph passes for ``target`` (batch norm folded into convolutions,
-    channels-last convolutions on CPU, ...)."""
-    from relax_tune.lowering.prepare import graph_passes
-
-    return graph_passes(target)
-
-
-# ---------------------------------------------------------------------------- rows
-@dataclass
-class Row:
-    contender: str
-    trials: str
-    call: Callable[[], Any] | None
-    output: np.ndarray | None = None
-    tune_secs: float | None = None
-    error: str | None = None
-    samples: list[float] = field(default_factory=list)
-    ratio_ort: list[float] = field(default_factory=list)
-    ratio_torch: list[float] = field(default_factory=list)
-    max_abs: float | None = None
-    max_rel: float | None = None
-    mismatch: bool = False
-    number: int = 1
-    warm: bool = True
-
-
-def _numpy_out(out) -> np.ndarray:
-    if isinstance(out, np.ndarray):
-        return out
-    if hasattr(out, "numpy"):
-        return out.numpy()
-    if isinstance(out, (list, tuple)) or hasattr(out, "__getitem__"):
-        return _numpy_out(out[0])
-    return np.asarray(out)
-
-
-def tvm_row(contender: str, trials: str, ex, inputs_np, tune_secs=None) -> Row:
-    import tvm
-    from tvm import relax
-
-    dev = tvm.cpu()
-    vm = relax.VirtualMachine(ex, dev)
-    func = vm["main"]
-    args = [tvm.runtime.tensor(a, dev) for a in inputs_np]
-    row = Row(contender, trials, lambda: func(*args), tune_secs=tune_secs)
-    row.vm = vm  # keep the VM alive with its function
-    return row
-
-
-def compile_untuned(mod, params, target):
-    import tvm
-    from tvm import relax
-
-    from relax_tune.lowering.prepare import bind_params
-
-    with target:
-        zero = relax.get_pipeline("zero")(bind_params(mod, params))
-    return tvm.compile(zero, target)
-
-
-def _import_tensor_intrin() -> None:
-    import tvm.s_tir.tensor_intrin  # noqa: F401  (registers intrinsics; slow, so once per worker)
-
-
-def compile_metaschedule(mod, params, target, work_dir: str, trials: int, per_round: int,
-                         same_graph: bool = False):
-    """TVM's static_shape_tuning recipe, weights bound, cpu_weight_prepack, warm builder;
-    ``same_graph``: relax_tune's graph passes first (the graph relax_tune tunes)."""
-    import tvm
-    from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
-
-    from relax_tune.lowering.prepare import bind_params
-
-    with target:
-        lowered = tvm.transform.Sequential([
-            *(relax_tune_graph_passes(target) if same_graph else []),
-            relax.transform.DecomposeOpsForInference(),
-            relax.transform.CanonicalizeBindings(),
-            relax.get_pipeline("zero"),
-            relax.transform.AttachAttrLayoutFreeBuffers(),
-        ])(bind_params(mod, params))
-        if trials > 0:
-            ms.relax_integration.tune_relax(
-                lowered, {}, target, work_dir, trials, num_trials_per_iter=per_round,
-                builder=ms.builder.LocalBuilder(initializer=_import_tensor_intrin))
-        applied = tvm.transform.Sequential([
-            relax.transform.MetaScheduleApplyDatabase(work_dir),
-            relax.transform.SplitLayoutRewritePreproc(),
-            relax.transform.FoldConstant(),
-        ])(lowered)
-    return tvm.compile(applied, target)
-
-
-def metaschedule_tasks(mod, params, target, same_graph: bool = False) -> int:
-    import tvm
-    from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
-
-    from relax_tune.lowering.prepare import bind_params
-
-    with target:
-        lowered = tvm.transform.Sequential([
-            *(relax_tune_graph_passes(target) if same_graph else []),
-            relax.transform.DecomposeOpsForInference(),
-            relax.transform.CanonicalizeBindings(),
-            relax.get_pipeline("zero"),
-        ])(bind_params(mod, params))
-    return len(ms.relax_integration.extract_tasks(lowered, target))
 
 
 def count_lines(path: str) -> int:
@@ -334,49 +118,6 @@ def measured_trials(work_dir: str, tasks) -> int:
     except Exception as err:  # report only
         log(f"  (could not count trials in {work_dir}: {err})")
         return -1
-
-
-# ---------------------------------------------------------------------------- timing
-def calibrate(row: Row, min_secs: float) -> None:
-    """Warm up, then choose how many calls fill ``min_secs`` per round."""
-    row.call()
-    start = time.perf_counter()
-    row.call()
-    once = time.perf_counter() - start
-    row.number = max(1, math.ceil(min_secs / max(once, 1e-6)))
-    row.warm = once < 0.25  # a slow untuned model gets no extra warm-up call per round
-
-
-def time_once(row: Row) -> float:
-    """One round: a warm-up call, then the mean of ``row.number`` calls (seconds per call)."""
-    if row.warm:
-        row.call()
-    start = time.perf_counter()
-    for _ in range(row.number):
-        row.call()
-    return (time.perf_counter() - start) / row.number
-
-
-def interleave(rows: list[Row], rounds: int, pause: float) -> None:
-    """Time every row once per round (order rotating each round, ``pause`` s of sleep before
-    each timing, as benchmarks/timing.py's ``interleaved``); per-round ratios against ONNX
-    Runtime and PyTorch go into ``ratio_ort``/``ratio_torch``."""
-    live = [r for r in rows if r.call is not None and r.error is None]
-    for rnd in range(rounds):
-        shift = rnd % len(live)
-        this: dict[str, float] = {}
-        for row in live[shift:] + live[:shift]:
-            time.sleep(pause)
-            secs = time_once(row)
-            row.samples.append(secs)
-            this[id(row)] = secs
-        ort = next((this[id(r)] for r in live if r.contender == "onnxruntime"), None)
-        tor = next((this[id(r)] for r in live if r.contender == "pytorch"), None)
-        for row in live:
-            if ort is not None:
-                row.ratio_ort.append(ort / this[id(row)])
-            if tor is not None:
-                row.ratio_torch.append(tor / this[id(row)])
 
 
 # ---------------------------------------------------------------------------- one model
@@ -535,7 +276,7 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
         if row.call is None:
             continue
         try:
-            out = _numpy_out(row.call())
+            out = numpy_output(row.call())
             row.output = out
             diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
             row.max_abs = float(diff.max())
@@ -703,7 +444,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     target = rt.host_target()
     if args.metaschedule:
-        _import_tensor_intrin()  # before any clock starts
+        import_tensor_intrin()  # before any clock starts
 
     prior_rows = (f"; with xgb-prior per task {args.prior_trials_per_task}"
                   if args.prior_trials_per_task else "")

@@ -58,7 +58,7 @@ from relax_tune.cost_model import PriorXGBModel, RandomModel, XGBModel
 from relax_tune.cost_model.features import FEATURE_VERSION
 from relax_tune.cost_model.prior import prior_files
 
-from benchmarks.bench_real_models import MODEL_NAMES as REAL_MODELS
+from benchmarks.real_models import MODEL_NAMES as REAL_MODELS
 from tools.prior.corpus import load_corpus, ranking_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo

@@ -58,7 +58,7 @@ from relax_tune.database import candidate_key
 from relax_tune.tuning.tune import tune_tasks
 from relax_tune.utils import FAILED_RUN_SECS, normalize_mod, schedule_from_json
 
-from benchmarks.bench_real_models import cpu_model
+from benchmarks.real_models import cpu_model
 from tools.prior.corpus import FORMAT_VERSION, load_corpus, read_records, write_table
 
 logger = logging.getLogger("make_corpus")
@@ -174,7 +174,7 @@ def _model_tasks(model: str) -> list[tuple[str, tvm.IRModule]]:
 def _real_model_tasks(model: str, target) -> list[tuple[str, tvm.IRModule]]:
     """The tasks of a real model of ``bench_real_models.py`` (PyTorch, imported by
     ``relax_tune.model_loader.from_torch``) as the "relax_tune" pipeline tunes them."""
-    from benchmarks.bench_real_models import make_model
+    from benchmarks.real_models import make_model
 
     from relax_tune.model_loader import from_torch
 

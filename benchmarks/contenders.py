@@ -1,0 +1,176 @@
+"""The contenders of the real-model benchmark as rows to time: a compiled TVM module (untuned,
+MetaSchedule, relax_tune), and how rows are timed against each other (calibrated calls,
+interleaved rounds, per-round ratios against ONNX Runtime and PyTorch)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def relax_tune_graph_passes(target) -> list:
+    """relax_tune's graph passes for ``target`` (batch norm folded into convolutions,
+    channels-last convolutions on CPU, ...)."""
+    from relax_tune.lowering.prepare import graph_passes
+
+    return graph_passes(target)
+
+
+@dataclass
+class Row:
+    """One contender of one model: how to call it, its output and its timings."""
+
+    contender: str
+    trials: str
+    call: Callable[[], Any] | None
+    output: np.ndarray | None = None
+    tune_secs: float | None = None
+    error: str | None = None
+    samples: list[float] = field(default_factory=list)
+    ratio_ort: list[float] = field(default_factory=list)
+    ratio_torch: list[float] = field(default_factory=list)
+    max_abs: float | None = None
+    max_rel: float | None = None
+    mismatch: bool = False
+    number: int = 1
+    warm: bool = True
+
+
+def numpy_output(out) -> np.ndarray:
+    """A contender's output (a tensor, an array or the first of a tuple) as a numpy array."""
+    if isinstance(out, np.ndarray):
+        return out
+    if hasattr(out, "numpy"):
+        return out.numpy()
+    if isinstance(out, (list, tuple)) or hasattr(out, "__getitem__"):
+        return numpy_output(out[0])
+    return np.asarray(out)
+
+
+def tvm_row(contender: str, trials: str, ex, inputs_np, tune_secs=None) -> Row:
+    """A row that calls the compiled TVM module ``ex``'s ``main`` on ``inputs_np``."""
+    import tvm
+    from tvm import relax
+
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(ex, dev)
+    func = vm["main"]
+    args = [tvm.runtime.tensor(a, dev) for a in inputs_np]
+    row = Row(contender, trials, lambda: func(*args), tune_secs=tune_secs)
+    row.vm = vm  # keep the VM alive with its function
+    return row
+
+
+def compile_untuned(mod, params, target):
+    """The model as TVM builds it without tuning (weights bound, the "zero" pipeline)."""
+    import tvm
+    from tvm import relax
+
+    from relax_tune.lowering.prepare import bind_params
+
+    with target:
+        zero = relax.get_pipeline("zero")(bind_params(mod, params))
+    return tvm.compile(zero, target)
+
+
+def import_tensor_intrin() -> None:
+    """MetaSchedule's builder initializer: TVM's tensor intrinsics registered in the worker."""
+    import tvm.s_tir.tensor_intrin  # noqa: F401 (registers intrinsics; slow: once per worker)
+
+
+def compile_metaschedule(mod, params, target, work_dir: str, trials: int, per_round: int,
+                         same_graph: bool = False):
+    """TVM's static_shape_tuning recipe, weights bound, cpu_weight_prepack, warm builder;
+    ``same_graph``: relax_tune's graph passes first (the graph relax_tune tunes)."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from relax_tune.lowering.prepare import bind_params
+
+    with target:
+        lowered = tvm.transform.Sequential([
+            *(relax_tune_graph_passes(target) if same_graph else []),
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.CanonicalizeBindings(),
+            relax.get_pipeline("zero"),
+            relax.transform.AttachAttrLayoutFreeBuffers(),
+        ])(bind_params(mod, params))
+        if trials > 0:
+            ms.relax_integration.tune_relax(
+                lowered, {}, target, work_dir, trials, num_trials_per_iter=per_round,
+                builder=ms.builder.LocalBuilder(initializer=import_tensor_intrin))
+        applied = tvm.transform.Sequential([
+            relax.transform.MetaScheduleApplyDatabase(work_dir),
+            relax.transform.SplitLayoutRewritePreproc(),
+            relax.transform.FoldConstant(),
+        ])(lowered)
+    return tvm.compile(applied, target)
+
+
+def metaschedule_tasks(mod, params, target, same_graph: bool = False) -> int:
+    """How many tasks MetaSchedule extracts from the model (as ``compile_metaschedule``)."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from relax_tune.lowering.prepare import bind_params
+
+    with target:
+        lowered = tvm.transform.Sequential([
+            *(relax_tune_graph_passes(target) if same_graph else []),
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.CanonicalizeBindings(),
+            relax.get_pipeline("zero"),
+        ])(bind_params(mod, params))
+    return len(ms.relax_integration.extract_tasks(lowered, target))
+
+
+# ---------------------------------------------------------------------------- timing
+def calibrate(row: Row, min_secs: float) -> None:
+    """Warm up, then choose how many calls fill ``min_secs`` per round."""
+    row.call()
+    start = time.perf_counter()
+    row.call()
+    once = time.perf_counter() - start
+    row.number = max(1, math.ceil(min_secs / max(once, 1e-6)))
+    row.warm = once < 0.25  # a slow untuned model gets no extra warm-up call per round
+
+
+def time_once(row: Row) -> float:
+    """One round: a warm-up call, then the mean of ``row.number`` calls (seconds per call)."""
+    if row.warm:
+        row.call()
+    start = time.perf_counter()
+    for _ in range(row.number):
+        row.call()
+    return (time.perf_counter() - start) / row.number
+
+
+def interleave(rows: list[Row], rounds: int, pause: float) -> None:
+    """Time every row once per round (order rotating each round, ``pause`` s of sleep before
+    each timing, as benchmarks/timing.py's ``interleaved``); per-round ratios against ONNX
+    Runtime and PyTorch go into ``ratio_ort``/``ratio_torch``."""
+    live = [r for r in rows if r.call is not None and r.error is None]
+    for rnd in range(rounds):
+        shift = rnd % len(live)
+        this: dict[str, float] = {}
+        for row in live[shift:] + live[:shift]:
+            time.sleep(pause)
+            secs = time_once(row)
+            row.samples.append(secs)
+            this[id(row)] = secs
+        ort = next((this[id(r)] for r in live if r.contender == "onnxruntime"), None)
+        tor = next((this[id(r)] for r in live if r.contender == "pytorch"), None)
+        for row in live:
+            if ort is not None:
+                row.ratio_ort.append(ort / this[id(row)])
+            if tor is not None:
+                row.ratio_torch.append(tor / this[id(row)])
+
+
