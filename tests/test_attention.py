@@ -4,6 +4,8 @@ sizes, through the "relax_tune" pipeline."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import tvm
@@ -130,7 +132,7 @@ def test_rule_leaves_other_functions_alone(target):
     assert all("SSRSRS" in str(s) for s in sketches)  # multi-level tiling's sketches
 
 
-def test_dynamic_attention_through_the_pipeline(target, tmp_path):
+def test_dynamic_attention_through_the_pipeline(target, tmp_path, caplog):
     """Tuned at n = 16 and 64 (two trials per task, every bucket's schedule applied), the
     fused attention matches numpy at 1, 7, 64, 65 and 100 (past the largest bucket: the
     untuned function)."""
@@ -141,15 +143,16 @@ def test_dynamic_attention_through_the_pipeline(target, tmp_path):
     tasks = rt.extract_tasks(lowered, target, shape_hints=hints, op_names=["attention"])
     assert [t.task_name for t in tasks] == ["attention[n=16]", "attention[n=64]"]
     work = str(tmp_path / "work")
-    ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
-        "relax_tune", target=target, work_dir=work, max_trials_global=2 * len(tasks),
-        shape_hints=hints, op_names=["attention"], num_trials_per_iter=2,
-        measure_baseline=False, dispatch_ranking=0, dispatch_plan=False,
-        head_to_head_rounds=0, progress_bar=False))
-    apply = rt.ApplyDatabase(work_dir=work)
-    with target:
-        apply(lowered)
-    assert apply.applied == ["attention"]
+    with caplog.at_level(logging.INFO, logger="relax_tune.dynamic.apply"):
+        ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+            "relax_tune", target=target, work_dir=work, max_trials_global=2 * len(tasks),
+            shape_hints=hints, op_names=["attention"], num_trials_per_iter=2,
+            measure_baseline=False, dispatch_ranking=0, dispatch_plan=False,
+            head_to_head_rounds=0, progress_bar=False))
+    # the pipeline's ApplyDatabase replaced the function by its dispatch over both buckets
+    assert [r.getMessage().split(":")[0] for r in caplog.records
+            if r.name == "relax_tune.dynamic.apply" and "dispatch over" in r.getMessage()] \
+        == ["attention"]
     vm = relax.VirtualMachine(ex, tvm.cpu())
     for n in (1, 7, 64, 65, 100):
         args = inputs(n, seed=n)

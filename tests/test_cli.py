@@ -88,14 +88,14 @@ def test_tune_compile_db_report_on_the_onnx_demo_model(onnx_model, tmp_path, cap
     path, weights = onnx_model
     wd = str(tmp_path / "wd")
     tgt = json.dumps(json.loads(str(target)))
-    args = ["tune", path, "--work-dir", wd, "--trials", "16", "--trials-per-iter", "8",
+    args = ["tune", path, "--work-dir", wd, "--trials", "8", "--trials-per-iter", "4",
             "--target", tgt]
     code, out, err = run_cli(capsys, *args)
     assert code == 0, err
-    assert "fused_matmul_add_relu" in out and "16 new trials" in out
+    assert "fused_matmul_add_relu" in out and "8 new trials" in out
     db = JSONDatabase(work_dir=wd)
     n_records = len(db)
-    assert n_records == 16 + 2  # 16 trials + one untuned baseline per task (two tasks)
+    assert n_records == 8 + 2  # 8 trials + one untuned baseline per task (two tasks)
     meta = json.load(open(os.path.join(wd, "tasks.json")))
     assert sorted(m["name"].rstrip("0123456789") for m in meta) == \
         ["fused_matmul_add_relu", "matmul"]
@@ -109,7 +109,7 @@ def test_tune_compile_db_report_on_the_onnx_demo_model(onnx_model, tmp_path, cap
     with target:
         model = load_model(path)
         tvm.compile(model.mod, target, relax_pipeline=model.compile_pipeline(
-            target, wd, max_trials_global=16))
+            target, wd, max_trials_global=8))
     assert len(JSONDatabase(work_dir=wd)) == n_records
 
     lib_path = str(tmp_path / "out" / "model.so")
@@ -230,15 +230,13 @@ def test_parse_helpers():
     assert cli._split_names(["matmul,add", "conv"]) == ["matmul", "add", "conv"]
 
 
-def test_tune_through_rpc(onnx_model, tmp_path, capsys):
-    """``--rpc host:port:key`` measures on a real local RPC tracker + server."""
-    from relax_tune.testing import rpc_cluster  # a local RPC tracker and server
+def test_tune_through_rpc(onnx_model, tmp_path, capsys, rpc_cluster):
+    """``--rpc host:port:key`` measures on a real local RPC tracker + servers."""
     path, _ = onnx_model
     wd = str(tmp_path / "wd")
-    with rpc_cluster.LocalRPCCluster(n_servers=1, key="rt-cli") as cluster:
-        code, out, err = run_cli(capsys, "tune", path, "--work-dir", wd, "--trials", "4",
-                                 "--trials-per-iter", "4", "--op-names", "fused",
-                                 "--rpc", f"{cluster.tracker}:rt-cli")
+    code, out, err = run_cli(capsys, "tune", path, "--work-dir", wd, "--trials", "4",
+                             "--trials-per-iter", "4", "--op-names", "fused",
+                             "--rpc", f"{rpc_cluster.tracker}:{rpc_cluster.key}")
     assert code == 0, err
     assert "4 new trials" in out
     records = JSONDatabase(work_dir=wd).get_all_tuning_records()

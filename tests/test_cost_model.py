@@ -12,7 +12,7 @@ from tvm import te
 from relax_tune.cost_model import (N_FEATURES, CostModel, RandomModel, XGBModel,
                                    extract_features, extract_features_batch,
                                    feature_names, make_cost_model)
-from relax_tune.measure import LocalBuilder, LocalRunner
+from relax_tune.measure import LocalRunner
 from relax_tune.search import ReplaySearch
 from relax_tune.utils import FAILED_RUN_SECS, RelaxTuneError, args_info, normalize_mod
 from relax_tune.work_dir import WorkDir
@@ -37,15 +37,14 @@ def kendall_tau(x: np.ndarray, y: np.ndarray) -> float:
 
 
 @pytest.fixture(scope="module")
-def measured(target):
+def measured(target, shared_builder):
     """64 random candidates of a 256 x 256 x 256 matmul, built and timed on this CPU:
     ``(features, run_secs)``. Timed on one thread, best of 5: the machine is shared, and
     two-thread timings under load rank the same candidates too differently run to run."""
     mod = matmul(256)
     cands = ReplaySearch(mod, target, seed=11).next_candidates(64)
-    builder = LocalBuilder()
+    builds = shared_builder.build(mod, target, [c.trace_json for c in cands])
     try:
-        builds = builder.build(mod, target, [c.trace_json for c in cands])
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("TVM_NUM_THREADS", "1")  # read when the runner's worker starts
             runner = LocalRunner(number=1, repeat=5)
@@ -54,7 +53,7 @@ def measured(target):
             finally:
                 runner.shutdown()
     finally:
-        builder.shutdown()
+        shared_builder.discard([b.artifact_path for b in builds])
     secs = []
     for b, r in zip(builds, runs):
         ok = b.error is None and r.error is None and r.run_secs

@@ -21,7 +21,6 @@ from relax_tune.measure import LocalBuilder, LocalRunner, RPCRunner, cross
 from relax_tune.tuning.tune import tune_tasks
 from relax_tune.utils import RelaxTuneError
 
-from relax_tune.testing.rpc_cluster import LocalRPCCluster
 from relax_tune.testing.workloads import matmul_mod, tiled_matmul_trace
 
 AARCH64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"], "num-cores": 4}
@@ -65,13 +64,15 @@ def test_aarch64_candidate_is_cross_linked_into_an_aarch64_library(matmul):
                 assert elf_machine(f.read(64)) == EM_AARCH64
 
 
-def test_without_a_cross_compiler_the_artifact_is_an_archive_of_objects(matmul):
+def test_without_a_cross_compiler_the_artifact_is_an_archive_of_objects(matmul,
+                                                                         shared_builder):
     """An Android phone's triple (no aarch64-linux-android-gcc here: its NDK is not
     installed), and the archive mode forced by the builder option for aarch64-linux-gnu."""
     mod, trace = matmul
     android = dict(AARCH64, mtriple="aarch64-linux-android")
     assert cross.find_cross_compiler("aarch64-linux-android") is None
-    with LocalBuilder(max_workers=1) as auto, LocalBuilder(max_workers=1, link="tar") as forced:
+    auto = shared_builder  # link="auto", the default
+    with LocalBuilder(max_workers=1, link="tar") as forced:
         assert auto.link_mode(android) == "tar"
         assert auto.link_mode(utils.host_target()) == ""  # this machine: linked as ever
         results = auto.build(mod, android, [trace]) + forced.build(mod, AARCH64, [trace])
@@ -95,14 +96,14 @@ def test_foreign_target_is_refused_by_the_local_runner(matmul, target, tmp_path)
                        runner=runner)
 
 
-def test_device_side_link_through_a_loopback_rpc_server(target, tmp_path):
+def test_device_side_link_through_a_loopback_rpc_server(target, tmp_path, rpc_cluster):
     """The archive mode forced for this machine's own target: the RPC server links each
     uploaded .tar with its own compiler when it loads it; candidates run, get valid times
     and compute A @ B; tuning through it completes."""
     mod = matmul_mod(64)
     info = utils.args_info(mod)
-    with LocalRPCCluster(n_servers=1, key="rt-cross") as cluster, \
-            LocalBuilder(max_workers=1, link="tar") as builder, \
+    cluster = rpc_cluster
+    with LocalBuilder(max_workers=1, link="tar") as builder, \
             RPCRunner(cluster.tracker, cluster.key, session_timeout_sec=60) as runner:
         results = builder.build(mod, target, [tiled_matmul_trace(mod), None])
         arts = [r.artifact_path for r in results]
@@ -110,7 +111,7 @@ def test_device_side_link_through_a_loopback_rpc_server(target, tmp_path):
         assert {elf_machine(d) for d in archive_members(arts[0]).values()} == {EM_X86_64}
         timed = runner.run(arts, info, target)
         assert all(r.ok and 0 < r.mean_secs < 1 for r in timed), [r.error for r in timed]
-        assert timed[0].device.startswith("rt-cross@127.0.0.1:")
+        assert timed[0].device.startswith(f"{cluster.key}@127.0.0.1:")
         a, b, c = runner.run_and_fetch(arts[0], info, target, seed=3)
         np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-5)
 
@@ -120,7 +121,7 @@ def test_device_side_link_through_a_loopback_rpc_server(target, tmp_path):
                              num_trials_per_iter=4, builder=builder, runner=runner)
         assert reports[0].trials == 4 and reports[0].best_secs is not None
         assert reports[0].baseline_secs is not None  # the untuned function ran too
-        assert cluster.free() == 1  # every session released
+        assert cluster.free() == len(cluster.servers)  # every session released
 
 
 def test_cli_compile_for_aarch64(tmp_path, capsys):

@@ -90,8 +90,16 @@ def test_cpu_baseline_is_the_function_as_it_is(target):
     assert baseline_module(mod, target) is mod
 
 
+@pytest.fixture(scope="module")
+def one_worker():
+    """A LocalBuilder of one worker (every build of a test in the same worker), shared by
+    this module's tests."""
+    with LocalBuilder(max_workers=1) as builder:
+        yield builder
+
+
 @pytest.mark.parametrize("trace", [None, BASELINE_TRACE], ids=["none", "empty-trace"])
-def test_builder_builds_the_cuda_baseline_as_gpu_kernels(trace, sm80):
+def test_builder_builds_the_cuda_baseline_as_gpu_kernels(trace, sm80, one_worker):
     """What the tuner builds for the baseline record and for the correctness check's
     reference (the trace None, or the baseline's empty trace) is dlight's program: the
     library embeds a CUDA kernel -- its source where TVM's CUDA runtime is not loaded (no
@@ -99,15 +107,12 @@ def test_builder_builds_the_cuda_baseline_as_gpu_kernels(trace, sm80):
     A tuned candidate built next in the same worker replays on the workload as it was."""
     mod, _ = matmul()
     cand = ReplaySearch(mod, sm80, seed=11).next_candidates(1)[0]
-    builder = LocalBuilder(max_workers=1)
-    try:
-        (build,) = builder.build(mod, sm80, [trace])
-        assert build.ok, build.error
-        data = open(build.artifact_path, "rb").read()
-        (tuned,) = builder.build(mod, sm80, [cand.trace_json])
-        assert tuned.ok, tuned.error
-    finally:
-        builder.shutdown()
+    builder = one_worker
+    (build,) = builder.build(mod, sm80, [trace])
+    assert build.ok, build.error
+    data = open(build.artifact_path, "rb").read()
+    (tuned,) = builder.build(mod, sm80, [cand.trace_json])
+    assert tuned.ok, tuned.error
     assert b"main_kernel" in data  # the unbound function would be host code: no kernel
     if tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is None:
         assert b"__global__" in data and b"threadIdx.x" in data

@@ -39,7 +39,7 @@ def planned(tmp_path_factory, target) -> str:
     """A work_dir with the symbolic matmul tuned at n=16 and n=64 and its dispatch
     measured (on by default)."""
     work = str(tmp_path_factory.mktemp("plan") / "work")
-    rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
+    rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=8, num_trials_per_iter=4,
                 shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0)
     return work
 
@@ -78,7 +78,7 @@ def test_planning_is_resumed_not_repeated(planned, target, tmp_path, caplog):
     shutil.copytree(planned, work)
     before = open(os.path.join(work, PLAN_FILE)).read()
     with caplog.at_level(logging.INFO, logger="relax_tune.dynamic.plan"):
-        rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
+        rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=8, num_trials_per_iter=4,
                     shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0)
     assert "dispatch measured" not in caplog.text
     assert open(os.path.join(work, PLAN_FILE)).read() == before

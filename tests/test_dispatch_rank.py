@@ -17,7 +17,6 @@ import relax_tune as rt
 from relax_tune import dynamic
 from relax_tune.database import is_baseline
 from relax_tune.dynamic.rank import RANKING_FILE, UNTUNED, read_rankings
-from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.database import candidate_key
 from relax_tune.utils import RelaxTuneError, args_info, normalize_mod, structural_hash
 from relax_tune.work_dir import WorkDir
@@ -41,10 +40,10 @@ def _ranking_id(size: int) -> str:
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory, target) -> str:
-    """A work_dir with the symbolic matmul tuned at n=16 and n=64 (8 trials each), its
+    """A work_dir with the symbolic matmul tuned at n=16 and n=64 (4 trials each), its
     buckets ranked (no dispatch plan: ApplyDatabase dispatches to the nearest bucket)."""
     work = str(tmp_path_factory.mktemp("rank") / "work")
-    rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
+    rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=8, num_trials_per_iter=4,
                 shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0,
                 dispatch_ranking=3, dispatch_plan=False)
     return work
@@ -70,7 +69,7 @@ def test_ranking_is_resumed_not_repeated(tuned, target, tmp_path, caplog):
     shutil.copytree(tuned, work)
     before = open(os.path.join(work, RANKING_FILE)).read()
     with caplog.at_level(logging.INFO, logger="relax_tune.dynamic.rank"):
-        rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=16, num_trials_per_iter=4,
+        rt.tune_tir(symbolic_matmul(), target, work, max_trials_global=8, num_trials_per_iter=4,
                     shape_hints=HINTS, progress_bar=False, head_to_head_rounds=0,
                     dispatch_ranking=3, dispatch_plan=False)
     assert "ranked as dispatched" not in caplog.text
@@ -122,25 +121,22 @@ def test_apply_database_follows_the_ranking(tuned, target, tmp_path):
     assert apply.applied == [] and apply.kept == ["main"]
 
 
-def test_a_marked_workload_builds_as_its_bucket_runs(tuned, target):
+def test_a_marked_workload_builds_as_its_bucket_runs(tuned, target, shared_builder,
+                                                     shared_runner):
     """A build worker makes the bucket's dispatch of a workload marked by
     ``dispatch_workload``: correct inside the bucket (n=20, served by n=16 up to 32) and
     above it (n=40, the untuned body); a trace that does not fit fails with a reason."""
     base = normalize_mod(symbolic_matmul())
     marked = dynamic.dispatch_workload(base, {"n": 16}, HINTS)
     trace = _bucket_records(tuned, 16, target)[0].trace_json
-    builder, runner = LocalBuilder(max_workers=1), LocalRunner()
-    try:
-        build, bad = builder.build(marked, target, [trace, [[["Nonsense", [], [], []]], []]])
-        assert build.ok, build.error
-        assert not bad.ok and "does not replay on the symbolic function" in bad.error
-        for n in (20, 40):
-            info = args_info(normalize_mod(dynamic.specialize(base["main"], {"n": n})))
-            a, b, c = runner.run_and_fetch(build.artifact_path, info, target, seed=3)
-            np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
-    finally:
-        builder.shutdown()
-        runner.shutdown()
+    build, bad = shared_builder.build(marked, target,
+                                      [trace, [[["Nonsense", [], [], []]], []]])
+    assert build.ok, build.error
+    assert not bad.ok and "does not replay on the symbolic function" in bad.error
+    for n in (20, 40):
+        info = args_info(normalize_mod(dynamic.specialize(base["main"], {"n": n})))
+        a, b, c = shared_runner.run_and_fetch(build.artifact_path, info, target, seed=3)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
 
 
 def test_dispatch_ranking_option_is_checked():

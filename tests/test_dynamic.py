@@ -293,19 +293,18 @@ def _symbolic_branches(space, base, func, bucket: int, seed: int, count: int) ->
     return out
 
 
-@pytest.mark.parametrize("name", DYNAMIC_ZOO)
-def test_dispatch_matches_numpy_at_every_size(name, target):
-    """Sampled candidates of the CPU space at n=16 and n=64, replayed on the symbolic
-    function and dispatched on n, compute what numpy computes at 1, a prime, the buckets,
-    between them and beyond the largest (the untuned function)."""
+def _check_dispatch(name: str, target, picks: int) -> None:
+    """``picks`` dispatching functions of ``name``, each of other sampled candidates, match
+    numpy at every size of SIZES."""
     tensors, ref = _zoo(name)
     func = dynamic_base(te.create_prim_func(tensors))  # as extraction and apply see it
     base = normalize_mod(func)
     space = space_for_target(target)
     seed = zlib.crc32(name.encode()) % 1000 + 1
-    per_bucket = {b: _symbolic_branches(space, base, func, b, seed + b, 2) for b in BUCKETS}
+    per_bucket = {b: _symbolic_branches(space, base, func, b, seed + b, picks)
+                  for b in BUCKETS}
     rng = np.random.default_rng(seed)
-    for pick in range(2):
+    for pick in range(picks):
         branches = [({"n": b}, per_bucket[b][pick]) for b in BUCKETS]
         disp = dynamic.dispatch_function(base["main"], branches)
         assert [str(p.name) for p in disp.params] == [str(p.name) for p in func.params]
@@ -319,6 +318,20 @@ def test_dispatch_matches_numpy_at_every_size(name, target):
             lib["main"](*args)
             np.testing.assert_allclose(args[-1].numpy(), ref(*ins), rtol=1e-4, atol=1e-4,
                                        err_msg=f"{name} at n={n}, candidates #{pick}")
+
+
+@pytest.mark.parametrize("name", DYNAMIC_ZOO)
+def test_dispatch_matches_numpy_at_every_size(name, target):
+    """Sampled candidates of the CPU space at n=16 and n=64, replayed on the symbolic
+    function and dispatched on n, compute what numpy computes at 1, a prime, the buckets,
+    between them and beyond the largest (the untuned function)."""
+    _check_dispatch(name, target, picks=1)
+
+
+@pytest.mark.slow  # test_dispatch_matches_numpy_at_every_size, three sets of candidates
+@pytest.mark.parametrize("name", DYNAMIC_ZOO)
+def test_more_dispatches_match_numpy_at_every_size(name, target):
+    _check_dispatch(name, target, picks=3)
 
 
 def _run_at(lib, func, ref, n: int, rng) -> None:
@@ -588,35 +601,38 @@ def _run(ex, x):
     return vm["forward"](tvm.runtime.tensor(x)).numpy()
 
 
-def test_pipeline_with_records_matches_untuned_at_every_size(target, tmp_path):
-    """A dynamic-shape model tuned through the "relax_tune" pipeline with hints
-    {16, 64, 256, 1024} (its matmuls, one trial per task, no baseline records and no
-    ranking against the untuned function, so every bucket's tuned schedule is applied) runs and matches the untuned build at 1, 7, 64, 300
-    and 1025."""
+def test_pipeline_with_records_matches_untuned_at_every_size(target, tmp_path, caplog):
+    """A dynamic-shape model tuned through the "relax_tune" pipeline with hints {16, 64}
+    (its matmuls, one trial per task, no baseline records and no ranking against the
+    untuned function, so every bucket's tuned schedule is applied, where the measured
+    dispatch plan does not give a size to another bucket) runs and matches the untuned
+    build at 1, 7 (below the smallest bucket), 20 (between the buckets), 64 (a bucket)
+    and 65 (past the largest: the untuned function)."""
     mod, params = _attention_model()
     rng = np.random.default_rng(0)
     weights = {name: rng.uniform(-1, 1, [int(d) for d in p.shape]).astype("float32")
                for name, p in params}
     work = str(tmp_path / "work")
-    hints = {"n": [16, 64, 256, 1024]}
+    hints = {"n": [16, 64]}
     with target:
         lowered = rt.transform.lower_for_tuning(mod, target, weights)
     tasks = rt.extract_tasks(lowered, target, shape_hints=hints, op_names=["matmul"])
-    assert all(t.shape for t in tasks) and len(tasks) == 12
-    tuned = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
-        "relax_tune", target=target, work_dir=work, max_trials_global=len(tasks),
-        params=weights, shape_hints=hints, op_names=["matmul"], num_trials_per_iter=1,
-        measure_baseline=False, dispatch_ranking=0,
-        head_to_head_rounds=0, progress_bar=False))
+    assert all(t.shape for t in tasks) and len(tasks) == 6
+    with caplog.at_level(logging.INFO, logger="relax_tune.dynamic.apply"):
+        tuned = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+            "relax_tune", target=target, work_dir=work, max_trials_global=len(tasks),
+            params=weights, shape_hints=hints, op_names=["matmul"], num_trials_per_iter=1,
+            measure_baseline=False, dispatch_ranking=0,
+            head_to_head_rounds=0, progress_bar=False))
     untuned = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
         "relax_tune", target=target, work_dir=str(tmp_path / "empty"), max_trials_global=0,
         params=weights))
-    apply = rt.ApplyDatabase(work_dir=work)  # finds the hinted sizes in work/tasks.json
-    with target:
-        apply(lowered)
-    dynamic_funcs = {f for t in tasks for f in t.func_names}
-    assert set(apply.applied) == dynamic_funcs
-    for n in (1, 7, 64, 300, 1025):
+    # the pipeline's ApplyDatabase replaced every dynamic function by its dispatch (an
+    # ApplyDatabase finding the hinted sizes in work/tasks.json: test_dispatch_plan.py)
+    dispatched = {r.getMessage().split(":")[0] for r in caplog.records
+                  if r.name == "relax_tune.dynamic.apply" and "dispatch over" in r.getMessage()}
+    assert dispatched == {f for t in tasks for f in t.func_names}
+    for n in (1, 7, 20, 64, 65):
         x = rng.uniform(-1, 1, (1, n, 16)).astype("float32")
         np.testing.assert_allclose(_run(tuned, x), _run(untuned, x), rtol=1e-4, atol=1e-4,
                                    err_msg=f"n={n}")

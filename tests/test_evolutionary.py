@@ -165,14 +165,13 @@ def test_a_space_of_few_programs_stops_sampling_after_a_streak_of_duplicates(tar
 
 
 @pytest.fixture(scope="module")
-def builder_pool():
+def builder_pool(shared_builder):
     """A LocalBuilder whose workers have all started (the tuner hands their pool to the
     searches; a worker still starting is busy, and the search replays without it)."""
-    builder = LocalBuilder()
+    builder = shared_builder
     for started in [builder.pool.submit(time.sleep, 0.2) for _ in range(builder.max_workers)]:
         started.result()
-    yield builder
-    builder.shutdown()
+    return builder
 
 
 def test_the_builders_workers_replay_the_same_candidates(target, builder_pool):
@@ -217,17 +216,17 @@ def test_no_trace_measured_twice_in_a_run_or_across_a_resumed_run(tmp_path, targ
     work_dir = str(tmp_path)
     task = extract_tasks(matmul(64), target)[0]
     for _ in range(2):
-        reports = tune_tasks([task], work_dir, max_trials_global=10 * (_ + 1),
-                             num_trials_per_iter=5, strategy="evolutionary",
+        reports = tune_tasks([task], work_dir, max_trials_global=6 * (_ + 1),
+                             num_trials_per_iter=3, strategy="evolutionary",
                              cost_model="xgb", seed=1)
-        assert reports[0].trials == 10 * (_ + 1)
+        assert reports[0].trials == 6 * (_ + 1)
     keys = []
     with open(os.path.join(work_dir, "database_tuning_record.json"), encoding="utf-8") as f:
         for line in f:
             if line.strip():
                 keys.append(candidate_key(json.loads(line)[1][0]))
     keys = [k for k in keys if k != BASELINE_KEY]
-    assert len(keys) == 20 and len(set(keys)) == 20
+    assert len(keys) == 12 and len(set(keys)) == 12
     # the model was saved for the next run, and holds every measured candidate
     warm = XGBModel()
-    assert warm.load(WorkDir.of(work_dir).cost_model_dir) and warm.num_rows == 20
+    assert warm.load(WorkDir.of(work_dir).cost_model_dir) and warm.num_rows == 12

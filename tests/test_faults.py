@@ -70,13 +70,20 @@ FAULTS = {"wrong": wrong_kernel, "segfault": segfault_kernel, "hang": hang_kerne
 
 class FaultBuilder(LocalBuilder):
     """Builds tuned candidate number k (counting from 0 over all batches) as ``faults[k]``:
-    ``"compile"`` (a trace naming a block that does not exist) or a kernel of ``FAULTS``."""
+    ``"compile"`` (a trace naming a block that does not exist) or a kernel of ``FAULTS``.
+    Its builds run in the workers of ``workers`` (the test run's kept LocalBuilder: none of
+    these faults harms a build worker), so that no worker process starts for it."""
 
-    def __init__(self, faults: dict[int, str], **kwargs) -> None:
+    def __init__(self, faults: dict[int, str], workers: LocalBuilder, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.workers = workers
         self.faults = dict(faults)
         self.count = 0
         self.injected: dict[str, str] = {}  # fault -> candidate key
+
+    @property
+    def pool(self):
+        return self.workers.pool
 
     def build(self, workload, target, traces):
         results = []
@@ -115,13 +122,14 @@ def test_compare_outputs():
     assert "differ" in compare_outputs([np.array([1, 2])], [np.array([1, 3])])
 
 
-def test_faulty_candidates_are_recorded_and_tuning_continues(tmp_path, target, caplog):
+def test_faulty_candidates_are_recorded_and_tuning_continues(tmp_path, target, caplog,
+                                                             shared_builder):
     mod = matmul_mod(N)
     tasks = extract_tasks(mod, target)
     faults = {0: "compile", 1: "segfault", 2: "hang", 3: "wrong"}
     work = str(tmp_path / "work")
-    with FaultBuilder(faults, max_workers=2, timeout_sec=60) as builder, \
-            LocalRunner(timeout_sec=4.0) as runner:
+    with FaultBuilder(faults, shared_builder) as builder, \
+            LocalRunner(timeout_sec=2.0) as runner:
         start = time.perf_counter()
         reports = tune_tasks(tasks, work, max_trials_global=8, num_trials_per_iter=4,
                              builder=builder, runner=runner, measure_baseline=True)
@@ -148,14 +156,14 @@ def test_faulty_candidates_are_recorded_and_tuning_continues(tmp_path, target, c
     assert wall < 120
 
 
-def test_check_correctness_off_lets_wrong_best_through(tmp_path, target):
+def test_check_correctness_off_lets_wrong_best_through(tmp_path, target, shared_builder):
     """The check is what stops the wrong kernel (so the test above cannot pass by accident)."""
     mod = matmul_mod(N)
     tasks = extract_tasks(mod, target)
     work = str(tmp_path / "work")
-    with FaultBuilder({0: "wrong"}, max_workers=2) as builder, LocalRunner() as runner:
+    with FaultBuilder({0: "wrong"}, shared_builder) as builder:
         tune_tasks(tasks, work, max_trials_global=3, num_trials_per_iter=3, builder=builder,
-                   runner=runner, check_correctness=False)
+                   check_correctness=False)
     db = JSONDatabase(work_dir=work)
     rec = _records_by_key(db)[builder.injected["wrong"]][0]
     assert rec.is_valid
@@ -164,18 +172,17 @@ def test_check_correctness_off_lets_wrong_best_through(tmp_path, target):
     assert candidate_key(best.trace_json) == builder.injected["wrong"]
 
 
-def test_checker_passes_good_schedules(target):
+def test_checker_passes_good_schedules(target, shared_builder, shared_runner):
     mod = matmul_mod(N)
     from relax_tune.search import make_search
 
     cands = make_search("replay", mod, target, seed=3).next_candidates(4)
-    with LocalBuilder(max_workers=2) as builder, LocalRunner() as runner:
-        checker = CorrectnessChecker(builder, runner)
-        builds = builder.build(mod, target, [c.trace_json for c in cands])
-        info = utils.args_info(mod)
-        for b in builds:
-            assert b.ok
-            assert checker.check("mm", mod, target, info, b.artifact_path) is None
+    checker = CorrectnessChecker(shared_builder, shared_runner)
+    builds = shared_builder.build(mod, target, [c.trace_json for c in cands])
+    info = utils.args_info(mod)
+    for b in builds:
+        assert b.ok
+        assert checker.check("mm", mod, target, info, b.artifact_path) is None
     assert checker.checked == 4 and checker.wrong == 0
 
 
@@ -191,7 +198,11 @@ _TUNER = textwrap.dedent("""
     from relax_tune.measure import LocalBuilder, LocalRunner
     from relax_tune.database import candidate_key
     from relax_tune.tuning.tune import tune_tasks
+    from relax_tune.search import EvolutionarySearch as ES
 
+    # the pools of tests/conftest.py's small_pools, in this process too
+    ES.FRESH_PER_CALL, ES.GENERATIONS, ES.MUTANTS_PER_GENERATION = 6, 1, 12
+    ES.RANKED_POOL, ES.RANKED_GENERATIONS, ES.RANKED_MUTANTS = 16, 2, 8
     work, n, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     A = te.placeholder((n, n), "float32", name="A"); B = te.placeholder((n, n), "float32", name="B")
     k = te.reduce_axis((0, n), name="k")
@@ -253,9 +264,7 @@ def test_tuner_sigkilled_mid_write_then_load_and_resume(tmp_path, target, caplog
     assert any("skipped a bad tuning record" in r.getMessage() for r in caplog.records)
     before = {candidate_key(r.trace_json) for r in db.get_all_tuning_records()}
     tasks = extract_tasks(matmul_mod(N), target)
-    with LocalBuilder(max_workers=2) as b, LocalRunner() as r:
-        reports = tune_tasks(tasks, work, max_trials_global=complete + 3, num_trials_per_iter=4,
-                             builder=b, runner=r)
+    reports = tune_tasks(tasks, work, max_trials_global=complete + 3, num_trials_per_iter=4)
     assert reports[0].new_trials == 4  # resumed: trials on disk counted (baseline aside)
     db2 = JSONDatabase(work_dir=work)
     keys = [candidate_key(r.trace_json) for r in db2.get_all_tuning_records()]
@@ -265,7 +274,7 @@ def test_tuner_sigkilled_mid_write_then_load_and_resume(tmp_path, target, caplog
 
 def test_two_tuners_share_one_work_dir(tmp_path):
     work = str(tmp_path / "work")
-    procs = [_tuner(work, N, 12, 1), _tuner(work, N, 12, 2)]
+    procs = [_tuner(work, N, 8, 1), _tuner(work, N, 8, 2)]
     outs = []
     try:
         for proc in procs:
@@ -279,7 +288,7 @@ def test_two_tuners_share_one_work_dir(tmp_path):
         result = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
         assert result, "a tuner did not finish"
         committed += json.loads(result[0][len("RESULT "):])
-    assert len(committed) >= 2 * 12
+    assert len(committed) >= 2 * 8
     with open(os.path.join(work, "database_tuning_record.json"), "rb") as f:
         lines = f.read().splitlines()
     assert len(lines) == len(committed)
@@ -352,7 +361,7 @@ def test_pool_shutdown_survives_a_worker_killed_while_starting():
 
 def test_builder_started_and_stopped_at_once_leaves_no_worker(tmp_path):
     """A tuning call with nothing to measure starts its workers and stops them right away."""
-    builder = LocalBuilder(max_workers=2, artifact_dir=str(tmp_path / "a"))
+    builder = LocalBuilder(max_workers=1, artifact_dir=str(tmp_path / "a"))
     builder.start()
     pool = builder.pool
     builder.shutdown()

@@ -4,13 +4,14 @@ pipeline folds the packing into the weights at compile time."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tvm
 from tvm import relax, te, topi
 
 import relax_tune as rt
-from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.measure import prepack
 from relax_tune.testing.models import get_model, model_inputs, split_inputs
 from relax_tune.search import ReplaySearch
@@ -58,25 +59,27 @@ WORKLOADS = {f.__name__: f for f in (matmul, dense_bias_relu, conv2d)}
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))
-def test_packed_candidates_match_numpy_through_the_runner(name, target, tmp_path):
+def test_packed_candidates_match_numpy_through_the_runner(name, target, shared_builder,
+                                                          shared_runner):
     mod, ref = WORKLOADS[name]()
     cands = ReplaySearch(mod, target, seed=7).next_candidates(N_CANDIDATES)
     assert len(cands) == N_CANDIDATES
     assert all(has_layout_rewrite(c.sch.mod["main"]) for c in cands)
     info = args_info(mod)
-    with LocalBuilder(artifact_dir=str(tmp_path)) as builder, LocalRunner() as runner:
-        builds = builder.build(mod, target, [c.trace_json for c in cands])
-        assert all(b.ok for b in builds), [b.error for b in builds]
-        # every packed candidate is built as kernel + packing function with a plan beside it
-        assert all(prepack.read_plan(b.artifact_path) for b in builds)
-        for cand, build in zip(cands, builds):
-            arrays = runner.run_and_fetch(build.artifact_path, info, target, seed=3)
-            np.testing.assert_allclose(arrays[-1], ref(*arrays[:-1]), rtol=1e-4, atol=1e-5,
-                                       err_msg=str(cand.sch.trace))
-        timed = runner.run([b.artifact_path for b in builds[:2]], info, target)
-        assert all(r.ok for r in timed), [r.error for r in timed]
-        builder.discard([b.artifact_path for b in builds])
-        assert not any(p.endswith(prepack.SUFFIX) for p in map(str, tmp_path.iterdir()))
+    builder, runner = shared_builder, shared_runner
+    builds = builder.build(mod, target, [c.trace_json for c in cands])
+    assert all(b.ok for b in builds), [b.error for b in builds]
+    # every packed candidate is built as kernel + packing function with a plan beside it
+    assert all(prepack.read_plan(b.artifact_path) for b in builds)
+    for cand, build in zip(cands, builds):
+        arrays = runner.run_and_fetch(build.artifact_path, info, target, seed=3)
+        np.testing.assert_allclose(arrays[-1], ref(*arrays[:-1]), rtol=1e-4, atol=1e-5,
+                                   err_msg=str(cand.sch.trace))
+    timed = runner.run([b.artifact_path for b in builds[:2]], info, target)
+    assert all(r.ok for r in timed), [r.error for r in timed]
+    builder.discard([b.artifact_path for b in builds])
+    assert not any(os.path.exists(path) for b in builds
+                   for path in (b.artifact_path, prepack.plan_path(b.artifact_path)))
 
 
 def test_the_packed_weight_is_read_in_the_kernels_own_order(target):

@@ -15,7 +15,7 @@ import pytest
 import relax_tune as rt
 from relax_tune import utils
 from relax_tune.database import JSONDatabase, is_baseline
-from relax_tune.measure import LocalBuilder, LocalRunner, MeasureError, Measurer, RunResult
+from relax_tune.measure import LocalRunner, MeasureError, Measurer, RunResult
 from relax_tune.measure.head_to_head import head_to_head
 from relax_tune.measure.measurer import Incumbent
 
@@ -28,28 +28,38 @@ def mod256():
 
 
 @pytest.fixture(scope="module")
-def built(mod256, target):
+def built(mod256, target, shared_builder):
     """[fast, untuned (slow)] artifacts of a 256^3 matmul."""
-    with LocalBuilder(max_workers=2) as builder:
-        res = builder.build(mod256, target, [tiled_matmul_trace(mod256, k_inside_rows=False), None])
-        assert all(r.ok for r in res), res
-        yield [r.artifact_path for r in res]
+    res = shared_builder.build(mod256, target,
+                               [tiled_matmul_trace(mod256, k_inside_rows=False), None])
+    assert all(r.ok for r in res), res
+    return [r.artifact_path for r in res]
 
 
-def test_slow_candidate_cut_after_a_fast_one(built, mod256, target):
+def _runner(shared_runner, monkeypatch, **options) -> LocalRunner:
+    """What ``LocalRunner(**options)`` (default timeout) times with, for this test: the
+    run's kept runner with those attributes, so no worker process starts for it."""
+    for name, value in options.items():
+        assert hasattr(shared_runner, name), name
+        monkeypatch.setattr(shared_runner, name, value)
+    return shared_runner
+
+
+def test_slow_candidate_cut_after_a_fast_one(built, mod256, target, shared_runner,
+                                            monkeypatch):
     info = utils.args_info(mod256)
-    with LocalRunner(number=2, repeat=3) as runner:
-        fast, slow = runner.run(built, info, target, max_secs=10.0)
-        assert fast.ok and len(fast.run_secs) == 3
-        assert slow.ok and len(slow.run_secs) == 1  # its warm-up was over 2x the fast one
-        assert slow.mean_secs > 2 * fast.mean_secs
-        # the limit only drops after a fast candidate: slow first, both are timed in full
-        slow2, fast2 = runner.run(built[::-1], info, target, max_secs=10.0)
-        assert len(slow2.run_secs) == 3 and len(fast2.run_secs) == 3
-        # no max_secs: nothing is cut
-        assert all(len(r.run_secs) == 3 for r in runner.run(built, info, target))
-    with LocalRunner(number=2, repeat=3, slow_ratio=0) as off:
-        assert all(len(r.run_secs) == 3 for r in off.run(built, info, target, max_secs=10.0))
+    runner = _runner(shared_runner, monkeypatch, number=2, repeat=3)
+    fast, slow = runner.run(built, info, target, max_secs=10.0)
+    assert fast.ok and len(fast.run_secs) == 3
+    assert slow.ok and len(slow.run_secs) == 1  # its warm-up was over 2x the fast one
+    assert slow.mean_secs > 2 * fast.mean_secs
+    # the limit only drops after a fast candidate: slow first, both are timed in full
+    slow2, fast2 = runner.run(built[::-1], info, target, max_secs=10.0)
+    assert len(slow2.run_secs) == 3 and len(fast2.run_secs) == 3
+    # no max_secs: nothing is cut
+    assert all(len(r.run_secs) == 3 for r in runner.run(built, info, target))
+    off = _runner(shared_runner, monkeypatch, slow_ratio=0)
+    assert all(len(r.run_secs) == 3 for r in off.run(built, info, target, max_secs=10.0))
 
 
 def test_slow_ratio_must_be_above_one():
@@ -82,26 +92,28 @@ def test_time_and_fetch_remembers_outputs(built, mod256, target, tmp_path):
         runner.run_and_fetch(copy, info, target, seed=8)
 
 
-def test_slow_untuned_function_is_called_once(target, tmp_path):
+def test_slow_untuned_function_is_called_once(target, tmp_path, shared_runner, monkeypatch):
     """512^3 untuned takes well over 0.1 s here: its baseline is one call, and that call is
     the correctness reference too (the check never calls the untuned function again)."""
     mod = matmul_mod(512)
     calls: list[str] = []
+    runner = shared_runner
+    time_and_fetch, run = runner.time_and_fetch, runner.run
 
-    class Counting(LocalRunner):
-        def time_and_fetch(self, *args, **kwargs):
-            calls.append("time_and_fetch")
-            return super().time_and_fetch(*args, **kwargs)
+    def counting_time_and_fetch(*args, **kwargs):
+        calls.append("time_and_fetch")
+        return time_and_fetch(*args, **kwargs)
 
-        def run(self, artifacts, *args, **kwargs):
-            calls.extend(["run"] * len(artifacts))
-            return super().run(artifacts, *args, **kwargs)
+    def counting_run(artifacts, *args, **kwargs):
+        calls.extend(["run"] * len(artifacts))
+        return run(artifacts, *args, **kwargs)
 
+    monkeypatch.setattr(runner, "time_and_fetch", counting_time_and_fetch)
+    monkeypatch.setattr(runner, "run", counting_run)
     task = rt.extract_tasks(mod, target)[0]
-    with Counting() as runner:
-        rt.tune_tasks([task], str(tmp_path), max_trials_global=2, num_trials_per_iter=2,
-                      runner=runner, progress_bar=False)
-        assert runner._memo, "the untuned outputs were not kept for the check"
+    rt.tune_tasks([task], str(tmp_path), max_trials_global=2, num_trials_per_iter=2,
+                  runner=runner, progress_bar=False)
+    assert runner._memo, "the untuned outputs were not kept for the check"
     db = JSONDatabase(work_dir=str(tmp_path))
     records = db.get_records(db.commit_workload(task.mod))
     base = [r for r in records if is_baseline(r)]
@@ -111,33 +123,36 @@ def test_slow_untuned_function_is_called_once(target, tmp_path):
     assert calls.count("run") == 2  # the two candidates; the baseline is not run again
 
 
-def test_candidate_near_the_cut_gets_single_call_repeats(built, mod256, target):
+def test_candidate_near_the_cut_gets_single_call_repeats(built, mod256, target, shared_runner,
+                                                         monkeypatch):
     """slow_ratio 1000, near_ratio 1: the untuned one is far under the cut but over the
     best known (max_secs / slow_ratio): it is timed by `repeat` single calls, not cut."""
     info = utils.args_info(mod256)
-    with LocalRunner(number=50, repeat=3, slow_ratio=1000, near_ratio=1) as runner:
-        fast, slow = runner.run(built, info, target, max_secs=1.0)
-        assert fast.ok and len(fast.run_secs) == 3
-        assert slow.ok and len(slow.run_secs) == 3 and slow.mean_secs > fast.mean_secs
+    runner = _runner(shared_runner, monkeypatch, number=50, repeat=3, slow_ratio=1000,
+                     near_ratio=1)
+    fast, slow = runner.run(built, info, target, max_secs=1.0)
+    assert fast.ok and len(fast.run_secs) == 3
+    assert slow.ok and len(slow.run_secs) == 3 and slow.mean_secs > fast.mean_secs
     with pytest.raises(rt.RelaxTuneError, match="near_ratio"):
         LocalRunner(near_ratio=0.5)
 
 
-def test_head_to_head_ratios(built, mod256, target):
+def test_head_to_head_ratios(built, mod256, target, shared_runner, monkeypatch):
     """The untuned kernel against the tiled one: every round says it is far slower; a
     kernel against itself: about even (the median round; CI machines have neighbours)."""
     info = utils.args_info(mod256)
     fast, slow = built
-    with LocalRunner(number=2, repeat=2) as runner:
-        ratios = head_to_head(runner, fast, slow, info, target, rounds=3)
-        assert ratios is not None and len(ratios) == 3
-        assert min(ratios) > 3, ratios
-        even = head_to_head(runner, fast, fast, info, target, rounds=3)
-        assert even is not None and 0.5 < sorted(even)[1] < 2, even
-        assert head_to_head(runner, fast, "/nonexistent.so", info, target, rounds=1) is None
+    runner = _runner(shared_runner, monkeypatch, number=2, repeat=2)
+    ratios = head_to_head(runner, fast, slow, info, target, rounds=3)
+    assert ratios is not None and len(ratios) == 3
+    assert min(ratios) > 3, ratios
+    even = head_to_head(runner, fast, fast, info, target, rounds=3)
+    assert even is not None and 0.5 < sorted(even)[1] < 2, even
+    assert head_to_head(runner, fast, "/nonexistent.so", info, target, rounds=1) is None
 
 
-def test_lucky_timing_does_not_crown_a_slow_candidate(built, mod256, target, tmp_path):
+def test_lucky_timing_does_not_crown_a_slow_candidate(built, mod256, target, shared_builder,
+                                                      shared_runner, monkeypatch):
     """A slow candidate whose batch timing came out just under the best (a fast spell of the
     machine) is re-timed against the best and recorded in its frame: far slower. A clear
     winner keeps its own timing. In a resumed run the incumbent is rebuilt from its trace."""
@@ -146,16 +161,16 @@ def test_lucky_timing_does_not_crown_a_slow_candidate(built, mod256, target, tmp
     task = rt.extract_tasks(mod256, target)[0]
     # the task's best is on record (a resumed run): only its trace is known, no library
     incumbent = Incumbent(trace=tiled_matmul_trace(mod256, k_inside_rows=False))
-    with LocalBuilder(max_workers=1) as builder, LocalRunner(number=2, repeat=2) as runner:
-        measurer = Measurer(builder, runner, check_correctness=False, head_to_head_rounds=2)
-        best = runner.run([fast], info, target)[0].mean_secs
-        lucky = [RunResult([0.7 * best], None), RunResult([0.8 * best], None)]
-        out = measurer.challenge(task, incumbent, best, [slow, fast], lucky, info)
-        assert incumbent.artifact is not None and incumbent.artifact not in built  # rebuilt
-        assert incumbent.reference == (incumbent.artifact, best)
-        assert out[0].mean_secs > 3 * best, (out[0], best)
-        assert 0.4 * best < out[1].mean_secs < 2.5 * best, (out[1], best)
-        clear = measurer.challenge(task, incumbent, best, [slow], [RunResult([best / 3], None)],
-                                   info)
-        assert clear[0].run_secs == [best / 3]
-        assert incumbent.reference == (slow, best / 3)  # a clear winner: the new reference
+    runner = _runner(shared_runner, monkeypatch, number=2, repeat=2)
+    measurer = Measurer(shared_builder, runner, check_correctness=False, head_to_head_rounds=2)
+    best = runner.run([fast], info, target)[0].mean_secs
+    lucky = [RunResult([0.7 * best], None), RunResult([0.8 * best], None)]
+    out = measurer.challenge(task, incumbent, best, [slow, fast], lucky, info)
+    assert incumbent.artifact is not None and incumbent.artifact not in built  # rebuilt
+    assert incumbent.reference == (incumbent.artifact, best)
+    assert out[0].mean_secs > 3 * best, (out[0], best)
+    assert 0.4 * best < out[1].mean_secs < 2.5 * best, (out[1], best)
+    clear = measurer.challenge(task, incumbent, best, [slow], [RunResult([best / 3], None)],
+                               info)
+    assert clear[0].run_secs == [best / 3]
+    assert incumbent.reference == (slow, best / 3)  # a clear winner: the new reference

@@ -12,7 +12,7 @@ from relax_tune.testing.models import MODELS, get_model, model_inputs, split_inp
 from model_checks import assert_lifted_weights_swappable, untuned_output
 
 SMALL = {"num_trials_per_iter": 2}
-TRIALS = 4
+TRIALS = 2
 # Tune one heavy task of the bigger models (every task tuned costs a baseline measurement);
 # the rest stay untuned, so outputs mix applied records and untuned kernels.
 TUNED_OPS = {"mlp": None, "conv_net": ["fused_conv2d_add_relu"],

@@ -38,6 +38,33 @@ def _heldout(path: str = HELDOUT) -> list[dict]:
             for t in read_table(path)]
 
 
+def _run_main(monkeypatch, capsys, module: str, *args: str) -> tuple[int, str]:
+    """``python -m module args`` run in this process (the script's ``main``, without the
+    seconds a fresh interpreter spends importing TVM): its exit status and what it printed.
+    What a script sets for the whole process (log levels, TVM_NUM_THREADS) is put back."""
+    import importlib
+    import logging
+
+    main = importlib.import_module(module).main
+    monkeypatch.setattr(sys, "argv", [module, *args])
+    levels = {name: logging.getLogger(name).level for name in ("relax_tune", "tvm")}
+    threads = os.environ.get("TVM_NUM_THREADS")
+    message = ""
+    try:
+        code = main() or 0
+    except SystemExit as exit_:  # parser.error, or SystemExit("message") as Python prints it
+        code, message = (exit_.code, "") if isinstance(exit_.code, int) else (1, exit_.code)
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        if threads is None:
+            os.environ.pop("TVM_NUM_THREADS", None)
+        else:
+            os.environ["TVM_NUM_THREADS"] = threads
+    out, err = capsys.readouterr()
+    return code, out + err + str(message)
+
+
 def _valid(task):
     ok = task["secs"] < 5e9
     return task["x"][ok], task["secs"][ok]
@@ -283,7 +310,7 @@ def test_continuing_keeps_the_base_ranking_on_the_machine_it_was_trained_on():
                                           keep_facts=[first[0].facts]).save_raw("json")
 
 
-def test_train_prior_continues_the_shipped_model(tmp_path):
+def test_train_prior_continues_the_shipped_model(tmp_path, monkeypatch, capsys):
     """The command line: ``--init-model`` continues a model from its directory, records
     what it was trained on before, and refuses one trained on other features."""
     import json
@@ -297,11 +324,12 @@ def test_train_prior_continues_the_shipped_model(tmp_path):
     table, out = str(tmp_path / "t.npz"), tmp_path / "model"
     write_table(tasks, table, feature_version=1)
     shipped = os.path.dirname(prior_files()[0])
-    script = [sys.executable, "-m", "tools.prior.train_prior"]
-    run = subprocess.run([*script, "--corpus", table, "--out", str(out), "--rounds", "3",
-                          "--init-model", shipped, "--keep-base-on", HELDOUT],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert run.returncode == 0, run.stderr[-2000:]
+    def train_prior(*args: str) -> tuple[int, str]:
+        return _run_main(monkeypatch, capsys, "tools.prior.train_prior", *args)
+
+    code, text = train_prior("--corpus", table, "--out", str(out), "--rounds", "3",
+                             "--init-model", shipped, "--keep-base-on", HELDOUT)
+    assert code == 0, text[-2000:]
     meta = json.loads((out / PRIOR_META_FILE).read_text())
     assert meta["kept_base_on"] == [_heldout()[0]["facts"]]
     with open(prior_files()[1]) as f:
@@ -317,19 +345,18 @@ def test_train_prior_continues_the_shipped_model(tmp_path):
     shipped_rounds = PriorXGBModel(adapt="none").prior.num_boosted_rounds()
     assert model.prior.num_boosted_rounds() == shipped_rounds + 3
     (out / PRIOR_META_FILE).write_text(json.dumps({**meta, "feature_version": 0}))
-    run = subprocess.run([*script, "--corpus", table, "--out", str(tmp_path / "again"),
-                          "--init-model", str(out)], capture_output=True, text=True, cwd=ROOT)
-    assert run.returncode != 0 and "trained on other features" in run.stderr
-    run = subprocess.run([*script, "--corpus", table, "--out", str(tmp_path / "again"),
-                          "--keep-base-on", HELDOUT], capture_output=True, text=True, cwd=ROOT)
-    assert run.returncode != 0 and "--keep-base-on needs --init-model" in run.stderr
-    run = subprocess.run([*script, "--corpus", table, "--out", str(tmp_path / "again"),
-                          "--init-model", shipped, "--keep-base-on", table],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert run.returncode != 0 and "also the facts of the corpus trained on" in run.stderr
+    code, text = train_prior("--corpus", table, "--out", str(tmp_path / "again"),
+                             "--init-model", str(out))
+    assert code != 0 and "trained on other features" in text
+    code, text = train_prior("--corpus", table, "--out", str(tmp_path / "again"),
+                             "--keep-base-on", HELDOUT)
+    assert code != 0 and "--keep-base-on needs --init-model" in text
+    code, text = train_prior("--corpus", table, "--out", str(tmp_path / "again"),
+                             "--init-model", shipped, "--keep-base-on", table)
+    assert code != 0 and "also the facts of the corpus trained on" in text
 
 
-def test_make_corpus_measures_resumes_and_writes_a_table(tmp_path):
+def test_make_corpus_measures_resumes_and_writes_a_table(tmp_path, monkeypatch, capsys):
     """``make_corpus.py``: a workload's candidates are measured on this CPU and recorded with
     its target and facts; a second run with a larger budget continues the first; ``--table``
     writes the whole corpus as a table when the run ends."""
@@ -339,15 +366,14 @@ def test_make_corpus_measures_resumes_and_writes_a_table(tmp_path):
     from relax_tune.cost_model.transfer import target_facts
 
     out, table = tmp_path / "corpus", tmp_path / "t.npz"
-    args = [sys.executable, "-m", "tools.prior.make_corpus", "--out", str(out), "--no-models",
+    args = ["tools.prior.make_corpus", "--out", str(out), "--no-models",
             "--only", "dense_16x64x32", "--first-pass", "3", "--random-trials", "2",
             "--time-limit", "200"]
-    run = subprocess.run(args + ["--trials", "3"], capture_output=True, text=True, cwd=ROOT)
-    assert run.returncode == 0, run.stderr[-2000:]
+    code, text = _run_main(monkeypatch, capsys, *args, "--trials", "3")
+    assert code == 0, text[-2000:]
     assert not table.exists()
-    run = subprocess.run(args + ["--trials", "5", "--table", str(table)], capture_output=True,
-                         text=True, cwd=ROOT)
-    assert run.returncode == 0, run.stderr[-2000:]
+    code, text = _run_main(monkeypatch, capsys, *args, "--trials", "5", "--table", str(table))
+    assert code == 0, text[-2000:]
     (task,) = read_table(str(table))
     assert (task.workload, task.split, len(task.secs)) == ("dense_16x64x32", "train", 5)
     assert task.facts == target_facts(host_target())
@@ -446,14 +472,15 @@ def _evaluate_prior(*args: str, timeout: float = 120) -> subprocess.CompletedPro
                           env={**os.environ, "TVM_NUM_THREADS": "2"})
 
 
-def test_evaluate_prior_names_what_the_whole_model_part_cannot_take():
+def test_evaluate_prior_names_what_the_whole_model_part_cannot_take(monkeypatch, capsys):
     """The whole-model part tunes with the shipped model: a model under evaluation
     (``--model``) with it is refused before any work, as is an unknown network."""
-    both = _evaluate_prior("--real-models", "resnet18", "--model", "/nonexistent")
-    assert both.returncode == 2 and "--model applies to the ranking and kernel parts" \
-        in both.stderr
-    unknown = _evaluate_prior("--real-models", "resnet81")
-    assert unknown.returncode == 2 and "invalid choice: 'resnet81'" in unknown.stderr
+    code, text = _run_main(monkeypatch, capsys, "tools.prior.evaluate_prior",
+                           "--real-models", "resnet18", "--model", "/nonexistent")
+    assert code == 2 and "--model applies to the ranking and kernel parts" in text
+    code, text = _run_main(monkeypatch, capsys, "tools.prior.evaluate_prior",
+                           "--real-models", "resnet81")
+    assert code == 2 and "invalid choice: 'resnet81'" in text
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import pytest
 from relax_tune import utils
 from relax_tune.database import JSONDatabase
 from relax_tune.tuning.extract import extract_tasks
-from relax_tune.measure import LocalBuilder, LocalRunner, RPCRunner, parse_rpc_spec
+from relax_tune.measure import RPCRunner, parse_rpc_spec
 from relax_tune.tuning.tune import tune_tasks
 from relax_tune.utils import RelaxTuneError
 
@@ -25,15 +25,13 @@ from relax_tune.testing.workloads import matmul_mod
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with LocalRPCCluster(n_servers=2, key="rt-test") as c:
-        yield c
+def cluster(rpc_cluster):
+    return rpc_cluster
 
 
 @pytest.fixture(scope="module")
-def builder():
-    with LocalBuilder(max_workers=2) as b:
-        yield b
+def builder(shared_builder):
+    return shared_builder
 
 
 def test_bad_input_gives_clear_errors():
@@ -46,7 +44,8 @@ def test_bad_input_gives_clear_errors():
         RPCRunner(f"127.0.0.1:{free_port()}", "k")
 
 
-def test_runs_spread_over_both_servers_and_match_local(cluster, builder, target):
+def test_runs_spread_over_both_servers_and_match_local(cluster, builder, target,
+                                                       shared_runner):
     mod = matmul_mod(64)
     info = utils.args_info(mod)
     builds = builder.build(mod, target, [None] * 6)
@@ -58,8 +57,7 @@ def test_runs_spread_over_both_servers_and_match_local(cluster, builder, target)
         devices = {r.device for r in results[:-1]}
         assert devices == {f"rt-test@127.0.0.1:{p}" for p in cluster.server_ports}
         remote = runner.run_and_fetch(arts[0], info, target, seed=5)
-    with LocalRunner() as local:
-        here = local.run_and_fetch(arts[0], info, target, seed=5)
+    here = shared_runner.run_and_fetch(arts[0], info, target, seed=5)
     assert len(remote) == len(here) == 3  # A, B and C after the call
     for a, b in zip(remote, here):  # same seeded inputs, same outputs
         np.testing.assert_allclose(a, b, rtol=1e-5)

@@ -17,7 +17,7 @@ from relax_tune.cli import commands as cli  # noqa: E402
 from relax_tune.model_loader import load_model  # noqa: E402
 from relax_tune.utils import RelaxTuneError  # noqa: E402
 
-TRIALS = 4
+TRIALS = 2
 SMALL = {"num_trials_per_iter": 2}
 
 

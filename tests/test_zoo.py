@@ -18,7 +18,10 @@ from relax_tune.space import check_schedule, space_for_target
 from relax_tune.space.generator import without_decisions
 from relax_tune.utils import normalize_mod, schedule_from_json
 
-N_CANDIDATES = 16
+N_CANDIDATES = 8
+"""Candidates checked per workload (and for the fused Relax kernel)."""
+MORE_CANDIDATES = 32
+"""Candidates per workload of the slow run's longer check (test_more_zoo_candidates_...)."""
 
 Zoo = tuple[tvm.IRModule, Callable[..., np.ndarray]]
 
@@ -185,8 +188,8 @@ ZOO: dict[str, Callable[[], Zoo]] = {f.__name__: f for f in (
     full_sum, col_max, elementwise_chain, transpose, concatenate)}
 
 SMALL_SPACES = {"elementwise_chain", "transpose", "concatenate"}
-"""Spatial-only workloads: their spaces (sampled parallel job counts) hold fewer than
-N_CANDIDATES distinct programs, and every one of them is checked."""
+"""Spatial-only workloads: their spaces (sampled parallel job counts) hold a handful of
+distinct programs, maybe fewer than the candidates asked for: then every one is checked."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -211,13 +214,13 @@ def _run(mod: tvm.IRModule, target, ins, out_spec) -> np.ndarray:
     return args[-1].numpy()
 
 
-def check_zoo(mod: tvm.IRModule, ref, target, name: str) -> int:
-    """Draw up to N_CANDIDATES distinct candidates; every one must replay from JSON, pass
-    the checks, build and match numpy. Returns how many were checked."""
+def check_zoo(mod: tvm.IRModule, ref, target, name: str, count: int = N_CANDIDATES) -> int:
+    """Draw up to ``count`` distinct candidates; every one must replay from JSON, pass the
+    checks, build and match numpy. Returns how many were checked."""
     ins, out_spec = _inputs(mod)
     expected = ref(*ins)
     search = ReplaySearch(mod, target, seed=zlib.crc32(name.encode()) % 1000 + 1)
-    cands = search.next_candidates(N_CANDIDATES)
+    cands = search.next_candidates(count)
     for cand in cands:
         again = schedule_from_json(mod, cand.trace_json)
         assert tvm_ffi.structural_equal(again.mod, cand.sch.mod)
@@ -228,12 +231,22 @@ def check_zoo(mod: tvm.IRModule, ref, target, name: str) -> int:
     return len(cands)
 
 
+def _check_workload(name: str, target, count: int) -> None:
+    mod, ref = ZOO[name]()
+    checked = check_zoo(mod, ref, target, name, count)
+    assert checked == (min(count, len(_distinct_programs(mod, target)))
+                       if name in SMALL_SPACES else count)
+
+
 @pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_candidates_match_numpy(name, target):
-    mod, ref = ZOO[name]()
-    checked = check_zoo(mod, ref, target, name)
-    assert checked == (min(N_CANDIDATES, len(_distinct_programs(mod, target)))
-                       if name in SMALL_SPACES else N_CANDIDATES)
+    _check_workload(name, target, N_CANDIDATES)
+
+
+@pytest.mark.slow  # test_zoo_candidates_match_numpy, four times the candidates
+@pytest.mark.parametrize("name", list(ZOO))
+def test_more_zoo_candidates_match_numpy(name, target):
+    _check_workload(name, target, MORE_CANDIDATES)
 
 
 def _distinct_programs(mod: tvm.IRModule, target, draws: int = 64) -> set[int]:
