@@ -12,58 +12,44 @@ from relax_tune.search import EvolutionarySearch
 from relax_tune.utils import host_target
 
 
-class _AnyLocalBuilder(type):
-    """``isinstance(x, _KeptBuilder)`` is ``isinstance(x, LocalBuilder)``: tune.py asks it,
-    under the name it made its builder by, of every builder (one given too) to know whose
-    workers the searches may replay in."""
+def _kept(worker_class):
+    """A subclass of ``worker_class`` (LocalBuilder or LocalRunner) with one shared object,
+    its workers started once: every tuning session of the test run that makes its own gets
+    it; a session's ``shutdown`` leaves the workers running and forgets what the session
+    remembered (a runner's outputs of ``time_and_fetch``); ``close`` stops them.
+    ``isinstance(x, Kept)`` is ``isinstance(x, worker_class)``: tune.py asks it, under the
+    name it made its builder by, of every builder (a given one too) to know whose workers
+    the searches may replay in."""
 
-    def __instancecheck__(cls, obj):
-        return isinstance(obj, LocalBuilder)
+    class _AnyOf(type):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, worker_class)
+
+    class Kept(worker_class, metaclass=_AnyOf):
+        shared = None
+
+        def __new__(cls):
+            if cls.shared is None:
+                cls.shared = super().__new__(cls)
+                worker_class.__init__(cls.shared)
+            return cls.shared
+
+        def __init__(self):
+            pass
+
+        def shutdown(self):
+            self._starting = [f for f in self._starting if not f.done()]
+            getattr(self, "_memo", {}).clear()
+
+        def close(self):
+            worker_class.shutdown(self)
+
+    Kept.__name__ = Kept.__qualname__ = f"Kept{worker_class.__name__}"
+    return Kept
 
 
-class _KeptBuilder(LocalBuilder, metaclass=_AnyLocalBuilder):
-    """The LocalBuilder every tuning session of the test run gets by default: one object,
-    its workers started once; a session's ``shutdown`` leaves them running."""
-
-    shared = None
-
-    def __new__(cls):
-        if cls.shared is None:
-            cls.shared = super().__new__(cls)
-            LocalBuilder.__init__(cls.shared)
-        return cls.shared
-
-    def __init__(self):
-        pass
-
-    def shutdown(self):
-        self._starting = [f for f in self._starting if not f.done()]
-
-    def close(self):
-        LocalBuilder.shutdown(self)
-
-
-class _KeptRunner(LocalRunner):
-    """The LocalRunner every tuning session gets by default (as ``_KeptBuilder``); what a
-    session remembers (the outputs of ``time_and_fetch``) is forgotten at its end."""
-
-    shared = None
-
-    def __new__(cls):
-        if cls.shared is None:
-            cls.shared = super().__new__(cls)
-            LocalRunner.__init__(cls.shared)
-        return cls.shared
-
-    def __init__(self):
-        pass
-
-    def shutdown(self):
-        self._starting = [f for f in self._starting if not f.done()]
-        self._memo.clear()
-
-    def close(self):
-        LocalRunner.shutdown(self)
+_KeptBuilder = _kept(LocalBuilder)
+_KeptRunner = _kept(LocalRunner)
 
 
 @pytest.fixture(scope="session", autouse=True)
