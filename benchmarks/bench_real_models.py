@@ -253,6 +253,25 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     if prior_budgets:
         relax_tune_rows("xgb-prior", prior_budgets, "relax_tune(prior)")
 
+    for secs in args.seconds:
+        # the user's knob: a time budget, the whole compile timed; 0 = nothing measured
+        wd = os.path.join(root, f"{name}-rt-{secs:g}s{direct}")
+        what = "no measurement (measure=False)" if secs == 0 else f"max_time {secs:g} s"
+        log(f"{name}: relax_tune, {what}, fresh work_dir")
+        start = time.perf_counter()
+        try:
+            kw = {"measure": False} if secs == 0 else {"max_time": secs}
+            ex = relax_tune_compile(wd, None, **kw)
+            wall = time.perf_counter() - start
+            done = measured_trials(wd, tasks)
+            rows.append(tvm_row(f"relax_tune({secs:g}s)", f"{done}", ex, inputs_np, wall))
+            log(f"  {wall:.0f} s whole compile, {done} trials")
+        except Exception as err:
+            rows.append(Row(f"relax_tune({secs:g}s)", "?", None,
+                            tune_secs=time.perf_counter() - start,
+                            error=f"{type(err).__name__}: {err}"))
+            log(f"!!! {name}: relax_tune at {secs:g} s failed: {err}")
+
     if args.max_time:
         wd = os.path.join(root, f"{name}-rt-time{direct}")
         log(f"{name}: relax_tune, max_time {args.max_time:.0f} s")
@@ -377,6 +396,10 @@ def main() -> int:
                              "(default 1 8 32 unless --trials is given)")
     parser.add_argument("--max-time", type=float, default=None,
                         help="add a relax_tune row tuned for this many seconds (fresh work_dir)")
+    parser.add_argument("--seconds", nargs="*", type=float, default=[],
+                        help="relax_tune rows by time budget (max_time, no trial limit), each "
+                             "in a fresh work_dir; 0 is the no-measurement compile "
+                             "(measure=False), e.g. --seconds 0 30 60 120 300")
     parser.add_argument("--max-time-trials", type=int, default=100_000,
                         help="trial budget of the --max-time row (large: the time binds)")
     parser.add_argument("--fresh", action="store_true",
@@ -425,7 +448,7 @@ def main() -> int:
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if args.trials_per_task is None:
-        args.trials_per_task = [] if args.trials else [1, 8, 32]
+        args.trials_per_task = [] if args.trials or args.seconds else [1, 8, 32]
 
     threads = args.threads or len(os.sched_getaffinity(0))
     os.environ["TVM_NUM_THREADS"] = str(threads)  # before tvm is imported (and its workers)

@@ -17,16 +17,28 @@ from typing import Any
 from .utils import RelaxTuneError
 
 
+DEFAULT_TRIALS = 64
+"""The trial budget of a session given neither ``max_trials_global`` nor ``max_time``."""
+UNLIMITED_TRIALS = 10**9
+"""The trial budget of a session given a ``max_time`` and no ``max_trials_global``."""
+
+
 @dataclass(frozen=True)
 class TuneConfig:
     """What one tuning session does (budgets, search, measurement, presentation).
 
     Attributes
     ----------
-    max_trials_global: trials shared by all tasks (>= 0).
+    max_trials_global: trials shared by all tasks (>= 0); None (the default): 64, or no
+        trial limit when ``max_time`` is given (``trial_budget``).
     max_trials_per_task: cap per task (None: the global budget).
     num_trials_per_iter: candidates per batch (>= 1).
-    max_time: wall-clock limit in seconds (None: none); the batch in flight finishes.
+    max_time: wall-clock limit in seconds for the whole session, untuned baselines and
+        searches included (None: none); the batch in flight finishes. With ``max_time``
+        and no trial budget given, the time is the only limit.
+    measure: False compiles without timing anything: each task that tiles for reuse gets
+        the schedule the pre-trained model ranks first (``tuning.predict``; the
+        no-measurement compile, seconds per model), the others keep their untuned code.
     op_names: keep only the tasks whose name contains one of these strings (None: all).
     strategy: search strategy name (``relax_tune.search.search_names()``).
     cost_model: "xgb-prior" (the default: the shipped pre-trained model, adapting to the
@@ -61,10 +73,11 @@ class TuneConfig:
     runner: a ``relax_tune.measure`` runner (None: a ``LocalRunner`` per session).
     """
 
-    max_trials_global: int = 64
+    max_trials_global: int | None = None
     max_trials_per_task: int | None = None
     num_trials_per_iter: int = 16
     max_time: float | None = None
+    measure: bool = True
     op_names: tuple[str, ...] | None = None
     strategy: str = "evolutionary"
     cost_model: Any = "xgb-prior"
@@ -83,7 +96,8 @@ class TuneConfig:
     runner: Any = None
 
     def __post_init__(self) -> None:
-        _check_int("max_trials_global", self.max_trials_global, minimum=0)
+        if self.max_trials_global is not None:
+            _check_int("max_trials_global", self.max_trials_global, minimum=0)
         if self.max_trials_per_task is not None:
             _check_int("max_trials_per_task", self.max_trials_per_task, minimum=0)
         _check_int("num_trials_per_iter", self.num_trials_per_iter, minimum=1)
@@ -103,7 +117,7 @@ class TuneConfig:
         _check_int("convergence_window", self.convergence_window, minimum=0)
         _check_number("min_task_share", self.min_task_share, minimum=0, maximum=1)
         _check_int("seed", self.seed, minimum=0)
-        for name in ("measure_baseline", "check_correctness", "dispatch_plan"):
+        for name in ("measure", "measure_baseline", "check_correctness", "dispatch_plan"):
             if not isinstance(getattr(self, name), bool):
                 raise RelaxTuneError(f"{name} must be True or False, not "
                                      f"{getattr(self, name)!r}")
@@ -119,9 +133,18 @@ class TuneConfig:
         _check_part("runner", self.runner, "Runner")
 
     @property
+    def trial_budget(self) -> int:
+        """Trials shared by all tasks: ``max_trials_global``; when it is not given,
+        ``DEFAULT_TRIALS``, or ``UNLIMITED_TRIALS`` under a ``max_time`` (the time is then
+        the budget)."""
+        if self.max_trials_global is not None:
+            return self.max_trials_global
+        return DEFAULT_TRIALS if self.max_time is None else UNLIMITED_TRIALS
+
+    @property
     def per_task_budget(self) -> int:
         """Trials one task may get: ``max_trials_per_task``, or the global budget."""
-        return self.max_trials_global if self.max_trials_per_task is None \
+        return self.trial_budget if self.max_trials_per_task is None \
             else self.max_trials_per_task
 
     def with_options(self, **options: Any) -> TuneConfig:

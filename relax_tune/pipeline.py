@@ -23,7 +23,8 @@ def _without_transform_params(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def relax_tune_pipeline(target=None, work_dir: "WorkDir | str" = "relax_tune_work",
-                        max_trials_global: int = 64, max_trials_per_task: int | None = None,
+                        max_trials_global: int | None = None,
+                        max_trials_per_task: int | None = None,
                         op_names: Sequence[str] | None = None, params: dict | None = None,
                         lift_transform_params: bool = False,
                         cpu_weight_prepack: bool | None = None, winograd: bool = True,
@@ -32,9 +33,13 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str" = "relax_tune_wor
     finish the build pipeline. Use it as the ``relax_pipeline`` of ``tvm.compile``::
 
         ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
-            "relax_tune", target=target, work_dir="work", max_trials_global=64,
+            "relax_tune", target=target, work_dir="work", max_time=60,
             params={name: array, ...}))
         vm = relax.VirtualMachine(ex, tvm.cpu()); out = vm["forward"](x)
+
+    Budget: ``max_time`` (seconds, the whole session) is the main knob; without it,
+    ``max_trials_global`` trials (default 64). ``measure=False`` times nothing: each
+    kernel gets the schedule the pre-trained model ranks first (``tuning.predict``).
 
     Weights, three ways:
 
@@ -75,8 +80,8 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str" = "relax_tune_wor
 
     GPU targets (``cuda``): functions without a tuning record get ``tvm.s_tir.dlight``'s
     default schedules (Matmul, GEMV, Reduction, GeneralReduction, Fallback), so the compiled
-    model always runs. With ``max_trials_global=0`` the pipeline only applies the records
-    already in ``work_dir``. ``config``/``options`` describe the tuning session as for
+    model always runs. With ``max_trials_global=0`` (and ``measure`` on) the pipeline only
+    applies the records already in ``work_dir``. ``config``/``options`` describe the tuning session as for
     ``TuneIRMod`` (an unknown option raises ``RelaxTuneError`` when the pipeline is made).
     """
     if cpu_weight_prepack and params is None and not lift_transform_params:
@@ -99,7 +104,7 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str" = "relax_tune_wor
         # packing to the same <func>_transform_params.
         mod = lower_for_tuning(mod, tgt, params, lift_transform_params, prepack, winograd)
         with tgt:
-            if max_trials_global > 0:
+            if tuner.config.trial_budget > 0 or not tuner.config.measure:
                 tuner(_without_transform_params(mod))
             post = [ApplyDatabase(work_dir=work_dir, shape_hints=tuner.config.shape_hints)]
             if prepack:

@@ -60,8 +60,10 @@ def _tune_module(mod: tvm.IRModule, target, work_dir: WorkDir | None, database, 
 
 def _session(config: TuneConfig | None, options: dict) -> TuneConfig:
     """The pass's validated configuration: a misspelled option stops the user at the pass's
-    construction, before any work."""
-    return make_config(config, **options)
+    construction, before any work. The budget arguments left at None keep ``config``'s."""
+    budgets = ("max_trials_global", "max_trials_per_task", "op_names")
+    return make_config(config, **{k: v for k, v in options.items()
+                                  if v is not None or k not in budgets})
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_tune.TuneIRMod")
@@ -75,7 +77,8 @@ class TuneIRMod:
         compiled with those params runs (no weight transposes).
     work_dir: the session's directory: database, cost model, logs, task names
         (``relax_tune.work_dir``; created if missing).
-    max_trials_global: trials shared by all tasks.
+    max_trials_global: trials shared by all tasks (default: 64, or no limit with a
+        ``max_time``: then the time is the budget).
     max_trials_per_task: cap per task (default: the global budget).
     op_names: keep only tasks whose name contains any of these strings.
     target: Target/str/dict; default the ``with target:`` scope.
@@ -88,7 +91,7 @@ class TuneIRMod:
     """
 
     def __init__(self, params: dict | None = None, work_dir: str | None = None,
-                 max_trials_global: int = 64, max_trials_per_task: int | None = None,
+                 max_trials_global: int | None = None, max_trials_per_task: int | None = None,
                  op_names: Sequence[str] | None = None, target=None,
                  database: Database | None = None, config: TuneConfig | None = None,
                  **options):
@@ -115,7 +118,7 @@ class TuneTIR:
     The module is returned unchanged; ``reports`` holds the per-task results afterwards.
     """
 
-    def __init__(self, work_dir: str | None = None, max_trials_global: int = 64,
+    def __init__(self, work_dir: str | None = None, max_trials_global: int | None = None,
                  max_trials_per_task: int | None = None, op_names: Sequence[str] | None = None,
                  target=None, database: Database | None = None,
                  config: TuneConfig | None = None, **options):
@@ -178,6 +181,11 @@ class ApplyDatabase:
     fails to replay are left as they were, and so is a function whose best record is its
     untuned baseline (no tuned schedule beat it). Afterwards ``applied`` lists the replaced
     names and ``kept`` the functions kept because their baseline won.
+
+    A function without a measured record takes the work_dir's predicted schedule, if it has
+    one (``database.predicted``: the cost model's first choice, from a ``measure=False``
+    session or one whose time limit ended before the task was measured); ``predicted``
+    lists those (they are in ``applied`` too).
     """
 
     def __init__(self, work_dir: str | None = None, database: Database | None = None,
@@ -187,6 +195,8 @@ class ApplyDatabase:
         self.shape_hints = dynamic.normalize_hints(shape_hints)
         self.applied: list[str] = []
         self.kept: list[str] = []
+        self.predicted: list[str] = []
+        self._predicted = False  # the work_dir's predicted schedules, opened when first needed
 
     def _database(self) -> Database:
         if self.database is not None:
@@ -204,7 +214,8 @@ class ApplyDatabase:
         target = parse_target(self.target)
         db = self._database()
         out = mod.clone()
-        self.applied, self.kept = [], []
+        self.applied, self.kept, self.predicted = [], [], []
+        self._predicted = False
         bounds = upper_bounds(mod)
         side: tuple[dict, dict] | None = None  # the work_dir's ranking and plan, read once
         for gv, func in mod.functions.items():
@@ -235,6 +246,25 @@ class ApplyDatabase:
             self.kept.append(name)
         return None if new is None else _with_attrs_of(new, func)
 
+    def _predicted_schedule(self, name: str, func: tirx.PrimFunc, target):
+        """The work_dir's predicted schedule of ``func`` (``database.predicted``: chosen by
+        the cost model, not measured), for a function with no measured record; or None."""
+        if self.work_dir is None or self.database is not None:
+            return None
+        if self._predicted is False:
+            self._predicted = self.work_dir.open_predicted()
+        if self._predicted is None:
+            return None
+        try:
+            sch = self._predicted.query_schedule(normalize_mod(func), target)
+        except Exception as err:  # a bad record must not break the compilation
+            logger.warning("%s: could not apply its predicted schedule (%s); keeping it as it "
+                           "was", name, err)
+            return None
+        if sch is not None:
+            self.predicted.append(name)
+        return sch
+
     def _apply_one(self, db: Database, name: str, func: tirx.PrimFunc,
                    target) -> tirx.PrimFunc | None:
         try:
@@ -243,6 +273,8 @@ class ApplyDatabase:
             logger.warning("%s: could not apply its tuning record (%s); keeping it as it was",
                            name, err)
             return None
+        if sch is None:
+            sch = self._predicted_schedule(name, func, target)
         if sch is None:
             if self.enable_warning:
                 logger.warning("%s: no tuning record for target %s; left unchanged", name,

@@ -2,6 +2,8 @@
 
     work_dir/database_workload.json        the workloads (MetaSchedule's layout)
     work_dir/database_tuning_record.json   every measured candidate, one JSON line each
+    work_dir/predicted/                    schedules chosen without measurement, the cost
+                                           model's first choice per task (run_secs null)
     work_dir/tasks.json                    task names, weights and function names by hash
                                            (and the sizes of dynamic-shape buckets)
     work_dir/cost_model/                   the cost model, warm-started by the next run
@@ -28,6 +30,7 @@ from typing import Any
 
 from .database import Database, JSONDatabase, MemoryDatabase
 from .database.json_database import TUNING_RECORD_FILE, WORKLOAD_FILE
+from .database.predicted import PredictedSchedules
 from .utils import RelaxTuneError
 
 logger = logging.getLogger(__name__)
@@ -37,6 +40,9 @@ TASK_META_FILE = "tasks.json"
 
 RANKING_FILE = "dispatch_ranking.json"
 """Each ranked record of each dynamic-shape bucket and its time as dispatched."""
+
+PREDICTED_DIR = "predicted"
+"""The database of schedules chosen without measurement (``database.predicted``)."""
 
 PLAN_FILE = "dispatch_plan.json"
 """Per dynamic-shape function, which bucket's kernel serves which sizes."""
@@ -130,6 +136,19 @@ class WorkDir:
             raise RelaxTuneError(f"{self.path!r} holds no tuning database ({WORKLOAD_FILE} "
                                  "missing): pass the --work-dir given to `relax-tune tune`")
         return JSONDatabase(work_dir=self.path)
+
+    @property
+    def predicted_dir(self) -> str:
+        """Where the schedules chosen without measurement are kept
+        (``database.predicted``)."""
+        return self.file(PREDICTED_DIR)
+
+    def open_predicted(self, create: bool = False) -> PredictedSchedules | None:
+        """The work_dir's predicted schedules (created with ``create``; None when there are
+        none and ``create`` is False)."""
+        if not create and not os.path.isfile(os.path.join(self.predicted_dir, WORKLOAD_FILE)):
+            return None
+        return PredictedSchedules(JSONDatabase(work_dir=self.predicted_dir))
 
     # ---------------------------------------------------------------- tasks.json
     def write_task_meta(self, tasks: Iterable[Any]) -> str:

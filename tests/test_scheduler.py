@@ -140,9 +140,10 @@ def test_progress_bar_table_and_log_file(two_task_model, tmp_path, capsys):
     assert "trial" in err and "weighted us" in err and "estimated end-to-end" in err
     log = (tmp_path / "logs" / "tune.log").read_text()
     assert "trials" in log and "tuning table" in log
-    # the baselines, timed before the first trial, are reported one by one
+    # the baselines, timed with each task's first batch, are reported one by one
     assert "[baseline 1/2, " in log and "[baseline 2/2, " in log and ": untuned " in log
-    assert log.index("[baseline 2/2, ") < log.index(" trials, best ")
+    assert log.index("[baseline 1/2, ") < log.index(" trials, best ") \
+        < log.index("[baseline 2/2, ")
 
 
 _CHILD = """

@@ -8,9 +8,11 @@ and commits what comes back; how a candidate gets its time is decided here, in t
    ``_CUT_RATIO`` times the task's best (never under ``_MIN_CUT_SECS``, never over
    ``_BASELINE_MAX_SECS``) keeps that one call as its time.
 3. The task's baseline -- the untuned function, or on a GPU the target's default schedule
-   (``baseline.py``), timed once per task -- is timed by one call when it is slow (over
-   ``_BASELINE_ONE_CALL_SECS``); with the correctness check on, that call also gives the
-   check its reference outputs, so it runs once, not twice.
+   (``baseline.py``), measured once per task, with the task's first batch -- is built
+   beside the batch's candidates and timed after them, by one call when it is slow (over
+   ``_BASELINE_ONE_CALL_SECS``) or clearly slower than the batch's fastest candidate (no
+   win is in doubt then); with the correctness check on, that call also gives the check
+   its reference outputs, so the untuned function is built and run once, not twice.
 4. Screen would-be bests for correctness (``verify.CorrectnessChecker``): a candidate about
    to become the task's best is run once more on seeded inputs and compared with the
    task's baseline; a wrong one becomes a failure and the next fastest is checked.
@@ -141,7 +143,9 @@ class Measurer:
                 best_secs: float | None = None, baseline_secs: float | None = None,
                 while_building: Callable[[], None] | None = None) -> list[Measured]:
         """Build, time, screen and challenge one batch of ``task``; one ``Measured`` per trace,
-        in order (``[None]``: the task's baseline, ``baseline.baseline_module``).
+        in order. A trace None is the task's baseline (``baseline.baseline_module``), built
+        with the batch's candidates and timed after them (``_time_baseline``): it costs one
+        build among the batch's and one call when a candidate clearly beats it.
 
         ``incumbent`` is the task's protocol state (updated here: the batch's new best, the
         reference); ``best_secs`` and ``baseline_secs`` are the task's best and untuned
@@ -153,24 +157,38 @@ class Measurer:
             while_building()
         builds = pending.result()
         artifacts = [b.artifact_path for b in builds]
+        cands = [i for i, t in enumerate(traces) if t is not None]
         best = best_secs or baseline_secs
         # Cut losses on hopeless candidates: time them once when one call takes over twice the
         # best (or past a second: such a kernel is timed well enough by one call).
         max_secs = _BASELINE_MAX_SECS if best is None else min(
             max(_CUT_RATIO * best, _MIN_CUT_SECS), _BASELINE_MAX_SECS)
-        if traces == [None]:
-            runs = [self._time_baseline(task.target, info, artifacts[0])]
-        else:
-            runs = self.runner.run(artifacts, info, task.target, max_secs=max_secs)
-        if self.checker is not None and None not in traces:  # wrong would-be bests fail
-            runs = self.checker.screen(task.task_name, task.mod, task.target, info, artifacts,
-                                       runs, best_secs)
-        if self.rounds > 0 and None not in traces:
-            runs = self.challenge(task, incumbent, best_secs, artifacts, runs, info)
+        runs: list[RunResult] = [RunResult(None, "not run")] * len(traces)
+        if cands:
+            for i, run in zip(cands, self.runner.run([artifacts[i] for i in cands], info,
+                                                     task.target, max_secs=max_secs)):
+                runs[i] = run
+        for i in (i for i, t in enumerate(traces) if t is None):
+            fastest = min((runs[j].mean_secs for j in cands if runs[j].ok), default=None)
+            runs[i] = self._time_baseline(task, info, artifacts[i], fastest)
+            baseline_secs = runs[i].mean_secs if runs[i].ok else baseline_secs
+        if cands and self.checker is not None:  # wrong would-be bests fail
+            screened = self.checker.screen(task.task_name, task.mod, task.target, info,
+                                           [artifacts[i] for i in cands],
+                                           [runs[i] for i in cands], best_secs)
+            for i, run in zip(cands, screened):
+                runs[i] = run
+        if cands and self.rounds > 0:
+            challenged = self.challenge(task, incumbent, best_secs,
+                                        [artifacts[i] for i in cands],
+                                        [runs[i] for i in cands], info)
+            for i, run in zip(cands, challenged):
+                runs[i] = run
         batch = [Measured(trace, build, run) for trace, build, run in zip(traces, builds, runs)]
         for m in batch:
             if not m.ok:
-                logger.debug("%s: candidate failed: %s", task.task_name, m.error)
+                logger.debug("%s: %s failed: %s", task.task_name,
+                             "baseline" if m.trace is None else "candidate", m.error)
         self._keep(incumbent, batch, best_secs)
         return batch
 
@@ -243,11 +261,20 @@ class Measurer:
         incumbent.artifact = build.artifact_path if build.ok else None
         return incumbent.artifact
 
-    def _time_baseline(self, target, info: list, artifact: str | None) -> RunResult:
-        """Time the untuned function: one call on the check's inputs when it is slow (the
-        call also gives the correctness check its reference), else the runner's usual
-        timing."""
-        if artifact is not None and self.checker is not None and self.runner.can_time_and_fetch:
+    def _time_baseline(self, task: Task, info: list, artifact: str | None,
+                       fastest: float | None) -> RunResult:
+        """Time the untuned function: first one call on the correctness check's inputs (its
+        outputs become the check's reference, so the untuned function is not built again
+        for it); that call is its time when it is slow (over ``_BASELINE_ONE_CALL_SECS``)
+        or clearly slower (``_CUT_RATIO`` times) than ``fastest``, the batch's fastest
+        candidate: then no candidate's win is in doubt. Otherwise the runner times it as
+        it times candidates."""
+        target = task.target
+        if artifact is None:
+            return RunResult(None, "the untuned function did not build")
+        cut = _BASELINE_ONE_CALL_SECS if fastest is None else min(
+            _BASELINE_ONE_CALL_SECS, max(_CUT_RATIO * fastest, _MIN_CUT_SECS))
+        if self.checker is not None and self.runner.can_time_and_fetch:
             try:
                 secs = self.runner.time_and_fetch(artifact, info, target, seed=self.checker.seed)
             except MeasureError as err:
@@ -255,9 +282,10 @@ class Measurer:
                     return RunResult(None, str(err))
                 logger.debug("untuned function failed its first call: %s", err)  # timed below
             else:
-                if secs > _BASELINE_ONE_CALL_SECS:
+                self.checker.use_reference(task.task_name, task.mod, target, info, artifact)
+                if secs > cut:
                     return RunResult([secs], None)
-        return self.runner.run([artifact], info, target, max_secs=_BASELINE_ONE_CALL_SECS)[0]
+        return self.runner.run([artifact], info, target, max_secs=cut)[0]
 
     def _keep(self, incumbent: Incumbent, batch: list[Measured],
               best_secs: float | None) -> None:

@@ -93,6 +93,20 @@ class CorrectnessChecker:
         self._reference[key] = ref
         return ref
 
+    def use_reference(self, key: Any, mod: Any, target: Any, args_info: list,
+                      artifact: str) -> None:
+        """Take the reference of ``key`` from ``artifact``, the untuned function built
+        already (the tuner builds it with the task's first batch), instead of building it
+        again; nothing changes when the reference is known or ``artifact`` fails to run (it
+        is built and run again when first needed)."""
+        if self._reference.get(key) is not None:
+            return
+        try:
+            self._reference[key] = self.runner.run_and_fetch(artifact, args_info, target,
+                                                              seed=self.seed)
+        except MeasureError as err:
+            logger.debug("%s: the untuned function's outputs: %s", key, err)
+
     def check(self, key: Any, mod: Any, target: Any, args_info: list,
               artifact: str) -> str | None:
         """None when ``artifact`` computes what the untuned ``mod`` computes (or nothing can be

@@ -59,6 +59,9 @@ class SearchContext:
         replay_pool: the builder's worker pool (``LocalBuilder.pool``), whose idle workers
             may replay the search's candidates (``replayer.Replayer``); None: all in this
             process.
+        pool_secs: seconds the search may spend growing one pool (None: no limit). A
+            session with a time limit gives each task a share of it, so that a large
+            model's first pools do not take the whole limit before any candidate is built.
     """
 
     cost_model: Any = None
@@ -66,6 +69,7 @@ class SearchContext:
     task_name: str = ""
     task: Any = None
     replay_pool: Any = None
+    pool_secs: float | None = None
 
     def __post_init__(self) -> None:
         if not self.task_name and self.task is not None:
@@ -91,6 +95,12 @@ class SearchStrategy:
 
     def update(self, candidates: list[Candidate], run_secs: list[float]) -> None:
         """Measured results of earlier candidates (mean seconds; failures as a large value)."""
+        return None
+
+    def best_predicted(self, exclude: set[str] | frozenset[str] = frozenset()
+                       ) -> Candidate | None:
+        """The candidate the strategy's cost model ranks first, without measuring it (the
+        no-measurement compile, ``tuning.predict``); None for a strategy without a model."""
         return None
 
     def prepare(self, exclude: set[str] | frozenset[str] = frozenset()) -> None:

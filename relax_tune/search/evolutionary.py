@@ -70,6 +70,8 @@ logger = logging.getLogger("relax_tune.search")
 
 _SEED_HIGH = 2**31 - 1
 _CHUNK = 32  # jobs replayed together (shared with the workers; those past a stop are wasted)
+_MIN_TIMED_POOL = 16
+"""Fresh samples a pool gets even when its time (``SearchContext.pool_secs``) is spent."""
 
 
 @dataclass
@@ -206,6 +208,7 @@ class EvolutionarySearch(SearchStrategy):
         self._grown = False  # a pool was grown before (the next one is not the first)
         self._ranked_first = False  # the pool is the larger first one the model ranks
         self._small_pool: set[str] = set()  # keys of the first ranked pool's small part
+        self._grow_deadline: float | None = None  # time.monotonic() a pool stops growing at
         self.errors: dict[str, int] = {}
         """Why samples and mutants were dropped: reason -> count."""
         self.stats = {"replays": 0, "replay_secs": 0.0, "feature_secs": 0.0,
@@ -289,7 +292,8 @@ class EvolutionarySearch(SearchStrategy):
     def _sample_fresh(self, count: int, exclude: set[str] | frozenset[str]) -> int:
         added, attempts, streak = 0, 0, 0
         cap = 4 * count + 8
-        while added < count and attempts < cap and streak < self.max_fail_streak:
+        while added < count and attempts < cap and streak < self.max_fail_streak \
+                and not (added >= _MIN_TIMED_POOL and self._out_of_time()):
             # never more jobs than candidates still wanted: in this process every job
             # replayed past the count is wasted
             size = min(_CHUNK, cap - attempts, count - added)
@@ -351,12 +355,14 @@ class EvolutionarySearch(SearchStrategy):
                 mutants: int) -> None:
         streak = 0
         for _ in range(generations):
+            if self._out_of_time():
+                return
             self._score_pool()
             parents = self._parent_traces()
             if not parents:
                 return
             done = 0
-            while done < mutants:
+            while done < mutants and not (done and self._out_of_time()):
                 jobs: list[Job | None] = []
                 for _ in range(min(_CHUNK, mutants - done)):
                     sketch, trace = parents[int(self.rng.integers(len(parents)))]
@@ -406,6 +412,19 @@ class EvolutionarySearch(SearchStrategy):
                      len(self._pool), self.errors)
         return out
 
+    def best_predicted(self, exclude: set[str] | frozenset[str] = frozenset()
+                       ) -> Candidate | None:
+        """The candidate the model ranks first, left in the pool (the next call may still
+        return it): the pool is grown first when the next call's is not (as ``prepare``).
+        None when the space gives no candidate."""
+        ranks = getattr(self.model, "ranks", None)
+        if not self._tunable or ranks is None or not ranks(self.task):
+            return None  # without a model that ranks the task, its first choice is chance
+        self.prepare(exclude)
+        self._score_pool()
+        entries = [e for e in self._pool.values() if e.cand.key not in exclude]
+        return max(entries, key=lambda e: e.score).cand if entries else None
+
     def prepare(self, exclude: set[str] | frozenset[str] = frozenset()) -> None:
         """Grow the pool for the next call now: fresh samples and the mutation rounds, from
         the parents and the model as they are before the batch under way is measured. The
@@ -416,9 +435,23 @@ class EvolutionarySearch(SearchStrategy):
             self._grow(exclude)
             self._prepared = True
 
+    def _out_of_time(self) -> bool:
+        """Whether the pool being grown has used its time (``SearchContext.pool_secs``)."""
+        return self._grow_deadline is not None and time.monotonic() >= self._grow_deadline
+
     def _grow(self, exclude: set[str] | frozenset[str], at_least: int = 0) -> None:
         """Fresh samples and mutation rounds for the next call; the first pool is the larger
-        one when the model already ranks the task (module docstring)."""
+        one when the model already ranks the task (module docstring). With a time per pool
+        (``SearchContext.pool_secs``) the growing stops when it is spent, after at least
+        ``_MIN_TIMED_POOL`` fresh samples (and ``at_least``)."""
+        secs = self.context.pool_secs
+        self._grow_deadline = None if secs is None else time.monotonic() + secs
+        try:
+            self._grow_pool(exclude, at_least)
+        finally:
+            self._grow_deadline = None
+
+    def _grow_pool(self, exclude: set[str] | frozenset[str], at_least: int) -> None:
         fresh, generations, mutants = \
             self.fresh_per_call, self.generations, self.mutants_per_generation
         ranks = getattr(self.model, "ranks", None)

@@ -30,16 +30,16 @@ logger = logging.getLogger(__name__)
 def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: TuneConfig,
              scheduler: TaskScheduler, hooks: Sequence[SessionHook], progress: Progress,
              remaining: int, deadline: float | None) -> None:
-    """Spend ``remaining`` trials on the tasks of ``states`` (the untuned baselines first,
-    when ``cfg.measure_baseline``), stopping at ``deadline`` (time.monotonic) when given."""
+    """Spend ``remaining`` trials on the tasks of ``states``, stopping at ``deadline``
+    (time.monotonic) when given. A task's untuned baseline (when ``cfg.measure_baseline``)
+    is measured with its first batch, built beside its candidates (``Measurer.measure``),
+    so the limit counts it and it never delays another task's first candidates."""
     per_task = cfg.per_task_budget
-    if cfg.measure_baseline and remaining > 0:
-        missing = [st for st in states if BASELINE_KEY not in st.measured]
-        for i, st in enumerate(missing, 1):
-            _measure(st, [None], db, measurer, hooks)
-            progress.baseline(st.report, i, len(missing))
+    missing = sum(1 for st in states if BASELINE_KEY not in st.measured) \
+        if cfg.measure_baseline else 0
     _prioritise(states, per_task)
     rounds_since_table = 0
+    pace = _Pace()
     while remaining > 0:
         if deadline is not None and time.monotonic() >= deadline:
             logger.info("max_time of %.0f s reached%s; stopping the search", cfg.max_time,
@@ -61,15 +61,23 @@ def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: Tun
         if st.progress.rounds == 0:  # a small budget is split over the first round
             waiting = sum(1 for t in states if t.progress.active and t.progress.rounds == 0)
             n = min(n, max(1, remaining // waiting))
+            if deadline is not None:  # and a time limit over the first round
+                n = min(n, pace.first_batch(deadline, waiting))
+        batch_start = time.monotonic()
         cands = st.search.next_candidates(n, exclude=st.measured)
         if not cands:
             finish(st, "exhausted")
             continue
         for cand in cands:
             st.measured.add(cand.key)
-        _measure(st, cands, db, measurer, hooks,
+        with_baseline = cfg.measure_baseline and BASELINE_KEY not in st.measured
+        _measure(st, [None, *cands] if with_baseline else cands, db, measurer, hooks,
                  prepare=_may_get_another_batch(st, len(cands), remaining, per_task, waiting))
+        if with_baseline:
+            progress.baseline(st.report, missing - sum(
+                1 for t in states if BASELINE_KEY not in t.measured), missing)
         remaining -= len(cands)
+        pace.record(time.monotonic() - batch_start, len(cands))
         _after_round(st, per_task, cfg.convergence_window)
         progress.advance(st.report, len(cands))
         rounds_since_table += 1
@@ -78,16 +86,53 @@ def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: Tun
             rounds_since_table = 0
 
 
+class _Pace:
+    """How long a trial takes in this session (batch wall time over its candidates, the
+    search's pool, the builds, the timing and a first batch's baseline included), to size
+    the first round's batches under a time limit: every task gets its first candidates
+    within ``FIRST_ROUND_SHARE`` of the time left, the most important ones first."""
+
+    FIRST_ROUND_SHARE = 0.6
+    FIRST_GUESS_SECS = 1.0  # per trial, until a batch was timed
+    MIN_BATCH = 4
+    """A first batch's least candidates: one candidate is the model's first choice, which
+    the task has as its predicted schedule already (``predict.py``); measuring it alone
+    buys little, and the tasks the time does not reach keep their predicted schedules."""
+
+    def __init__(self) -> None:
+        self.secs, self.trials = 0.0, 0
+
+    def record(self, secs: float, trials: int) -> None:
+        """A batch of ``trials`` candidates took ``secs``."""
+        self.secs += secs
+        self.trials += trials
+
+    def first_batch(self, deadline: float, waiting: int) -> int:
+        """Candidates of the next first batch (at least ``MIN_BATCH``), ``waiting`` tasks
+        (this one included) still waiting for theirs."""
+        per_trial = self.secs / self.trials if self.trials else self.FIRST_GUESS_SECS
+        share = self.FIRST_ROUND_SHARE * max(0.0, deadline - time.monotonic()) / waiting
+        return max(self.MIN_BATCH, int(share / per_trial))
+
+
 def _warn_untried(states: list[TaskState], max_time: float) -> None:
-    """Say which tasks the time limit left without a single measured candidate: they stay
-    untuned (e.g. when building and timing the untuned baselines took the whole limit)."""
-    untried = [st.report.task_name for st in states if st.report.trials == 0]
-    if untried:
-        shown = ", ".join(untried[:5]) + (f" and {len(untried) - 5} more"
-                                           if len(untried) > 5 else "")
-        logger.warning("max_time of %.0f s reached before any candidate of %d of %d tasks "
-                       "was measured (%s): they stay untuned; raise max_time or tune fewer "
-                       "tasks (op_names)", max_time, len(untried), len(states), shown)
+    """Say which tasks the time limit left without a single measured candidate: they keep
+    their predicted schedules (``predict.py``) or, without one, their untuned code."""
+    untried = [st.report for st in states if st.report.trials == 0]
+    if not untried:
+        return
+    predicted = [r.task_name for r in untried if r.predicted]
+    untuned = [r.task_name for r in untried if not r.predicted]
+    parts = [f"{len(names)} keep their {what} ({_names(names)})"
+             for names, what in ((predicted, "predicted schedules"), (untuned, "untuned code"))
+             if names]
+    logger.warning("max_time of %.0f s reached before any candidate of %d of %d tasks was "
+                   "measured: %s; raise max_time or tune fewer tasks (op_names)", max_time,
+                   len(untried), len(states), "; ".join(parts))
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def _prioritise(states: list[TaskState], per_task: int) -> None:
@@ -178,19 +223,24 @@ def _may_get_another_batch(st: TaskState, n: int, remaining: int, per_task: int,
 
 def _measure(st: TaskState, cands: list[Candidate | None], db: Database, measurer: Measurer,
              hooks: Sequence[SessionHook], prepare: bool = True) -> None:
-    """Measure one batch of one task (None: the untuned function) and commit it: one record
-    per candidate, the report updated, the search told how its candidates did. The hooks
-    screen a batch of candidates first (those they drop are recorded as failed, unbuilt).
+    """Measure one batch of one task (None: the untuned function, first when in the batch)
+    and commit it: one record per candidate, the report updated, the search told how its
+    candidates did. The hooks screen the batch's candidates first (those they drop are
+    recorded as failed, unbuilt).
     With ``prepare``, the search grows its next pool while the builders work."""
-    if None not in cands:
-        for hook in hooks:
-            cands, unusable = hook.screen(st.task, cands)
-            if unusable:
-                commit(st, [c for c, _ in unusable], [Measured(
-                    c.trace_json, BuildResult(None, why, 0.0), RunResult(None, why))
-                    for c, why in unusable], db)
-        if not cands:
-            return
+    baseline = [None] if None in cands else []
+    tried = [c for c in cands if c is not None]
+    for hook in hooks:
+        if not tried:
+            break
+        tried, unusable = hook.screen(st.task, tried)
+        if unusable:
+            commit(st, [c for c, _ in unusable], [Measured(
+                c.trace_json, BuildResult(None, why, 0.0), RunResult(None, why))
+                for c, why in unusable], db)
+    cands = baseline + tried
+    if not cands:
+        return
     traces = [None if c is None else c.trace_json for c in cands]
     # the search grows its next pool while the builders work (before the first batch: while
     # the baseline builds)

@@ -17,11 +17,21 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def _applied(report) -> str:
+    """What ApplyDatabase will use for the task: its measured best ("tuned"), its predicted
+    schedule ("predicted": nothing of the task was measured), or "untuned"."""
+    if report.best_secs and report.tuned_applied:
+        return "tuned"
+    if report.predicted and not report.best_secs and not report.baseline_secs:
+        return "predicted"
+    return "untuned"
+
+
 def format_tuning_table(reports: "Sequence[TaskReport]") -> str:
     """The tuning table: task, FLOP, weight, GFLOP/s, latency, weighted latency, trials,
     what is applied (tuned schedule or the untuned function) and whether the task is done."""
     head = (f"{'#':>3} {'task':<28}{'FLOP':>10}{'weight':>7}{'GFLOP/s':>9}{'untuned us':>12}"
-            f"{'best us':>10}{'weighted us':>12}{'trials':>7}  {'applied':<8}{'done':<10}")
+            f"{'best us':>10}{'weighted us':>12}{'trials':>7}  {'applied':<10}{'done':<10}")
     lines = [head, "-" * len(head)]
     total = 0.0
     for i, r in enumerate(reports):
@@ -35,7 +45,7 @@ def format_tuning_table(reports: "Sequence[TaskReport]") -> str:
             f"{i:>3} {r.task_name[:27]:<28}{r.flops:>10.3g}{r.weight:>7}"
             f"{(f'{r.gflops:.2f}' if r.gflops else '-'):>9}{us(r.baseline_secs):>12}"
             f"{us(r.best_secs):>10}{us(weighted):>12}{r.trials:>7}  "
-            f"{('tuned' if r.tuned_applied else 'untuned'):<8}{r.status:<10}")
+            f"{_applied(r):<10}{r.status:<10}")
     lines.append(f"estimated end-to-end (sum of weighted latencies): {total * 1e6:.2f} us")
     return "\n".join(lines)
 
@@ -77,9 +87,8 @@ class Progress:
         return handler
 
     def baseline(self, report, index: int, count: int) -> None:
-        """The untuned baseline of ``report``'s task was timed, ``index`` of ``count``. Before
-        the first trial the baselines, and the search's first pools grown meanwhile, take
-        minutes on a large model."""
+        """The untuned baseline of ``report``'s task was timed (with the task's first
+        batch), ``index`` of ``count``."""
         elapsed = time.perf_counter() - self.start
         untuned = f"{report.baseline_secs * 1e6:.2f} us" if report.baseline_secs else "failed"
         if self._bar is not None:

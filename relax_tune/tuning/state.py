@@ -61,7 +61,11 @@ class TaskReport(AppliedLatency):
     baseline_secs: float | None = None
     new_trials: int = 0
     status: str = "tuning"
-    """Why the task stopped: budget, converged, exhausted, too cheap, time, stopped."""
+    """Why the task stopped: budget, converged, exhausted, too cheap, time, stopped; with
+    nothing measured (``measure=False``): predicted or untuned."""
+    predicted: bool = False
+    """The task has a predicted schedule (``tuning.predict``), used where nothing of it was
+    measured."""
 
     @property
     def task_name(self) -> str:
@@ -110,9 +114,11 @@ class TaskState:
 
 
 def init_state(index: int, task: Task, db: Database, strategy: str, seed: int,
-               cost_model=None, replay_pool=None) -> TaskState:
+               cost_model=None, replay_pool=None, pool_secs: float | None = None
+               ) -> TaskState:
     """The state of task number ``index`` from the records already in ``db`` (they count
-    as trials and are never measured again), with its search seeded per task."""
+    as trials and are never measured again), with its search seeded per task and given
+    ``pool_secs`` per pool (``SearchContext.pool_secs``)."""
     workload = db.commit_workload(task.mod)
     records = db.get_records(workload)
     measured = {candidate_key(r.trace_json) for r in records}
@@ -134,7 +140,7 @@ def init_state(index: int, task: Task, db: Database, strategy: str, seed: int,
     warm = sorted(records, key=lambda r: r.mean_run_secs)
     search = make_search(strategy, task.mod, task.target, seed=task_seed,
                          context=SearchContext(cost_model=cost_model, records=warm, task=task,
-                                               replay_pool=replay_pool))
+                                               replay_pool=replay_pool, pool_secs=pool_secs))
     return TaskState(task, report, workload, search, measured,
                      progress=TaskProgress(weight=task.weight, importance=1.0),
                      incumbent=Incumbent(trace=best_trace))

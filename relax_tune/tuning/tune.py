@@ -15,11 +15,12 @@ from ..cost_model import make_cost_model
 from ..database import Database
 from ..dynamic.tuning import dynamic_hooks
 from ..measure import LocalBuilder, LocalRunner, Measurer
-from ..utils import parse_target
+from ..utils import RelaxTuneError, parse_target
 from ..work_dir import WorkDir, open_database
 from .extract import Task, extract_tasks
 from .hooks import SaveCostModel, Session, run_after_search, run_at_end, search_deadline
 from .loop import run_loop
+from .predict import predict_schedules
 from .progress import Progress
 from .scheduler import make_scheduler
 from .state import TaskReport, init_state
@@ -85,11 +86,14 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
 
     Returns one ``TaskReport`` per task, in the order given.
     """
+    start = time.monotonic()
     cfg = make_config(config, **options)
     wd = WorkDir.maybe(work_dir)
     db = open_database(wd, database)
     if wd is not None and tasks:
         wd.write_task_meta(tasks)
+    if not cfg.measure:
+        return _predict_only(tasks, wd, db, cfg, start)
     runner = cfg.runner or LocalRunner()
     for kind_target in {t.target.kind.name: t.target for t in tasks}.values():
         runner.check_target(kind_target)  # e.g. cuda without a GPU: stop before any work
@@ -98,19 +102,22 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
     model = make_cost_model(cfg.cost_model, wd)  # a name, or a CostModel passed through
     # the searches replay candidates in the builder's workers too while those idle
     replay_pool = _pool_of(builder)
-    states = [init_state(i, task, db, cfg.strategy, cfg.seed, model, replay_pool)
-              for i, task in enumerate(tasks)]
+    pool_secs = pool_time(tasks, cfg.max_time)
+    states = [init_state(i, task, db, cfg.strategy, cfg.seed, model, replay_pool, secs)
+              for i, (task, secs) in enumerate(zip(tasks, pool_secs))]
     hooks = [*dynamic_hooks(tasks, cfg, wd), SaveCostModel()]
     session = Session(tasks, db, measurer, wd, cfg, model)
     per_task = cfg.per_task_budget
-    remaining = max(0, cfg.max_trials_global - sum(st.report.trials for st in states))
+    remaining = max(0, cfg.trial_budget - sum(st.report.trials for st in states))
     progress = Progress(remaining, wd.log_file if wd else None, enable_bar=cfg.progress_bar)
-    start = time.monotonic()
+    deadline = search_deadline(hooks, start, cfg.max_time)
     if remaining > 0 and any(st.report.trials < per_task for st in states):
         measurer.start()  # worker start-up overlaps the first build
     try:
+        if wd is not None and remaining > 0:  # the fallback of the tasks left unmeasured
+            predict_schedules(states, wd.open_predicted(create=True), deadline)
         run_loop(states, db, measurer, cfg, make_scheduler(cfg.task_scheduler, cfg.seed),
-                 hooks, progress, remaining, search_deadline(hooks, start, cfg.max_time))
+                 hooks, progress, remaining, deadline)
         run_after_search(hooks, session, start, cfg.max_time)
     finally:
         run_at_end(hooks, session)
@@ -124,6 +131,59 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
         if cfg.runner is None:
             runner.shutdown()
     return [st.report for st in states]
+
+
+def _predict_only(tasks: Sequence[Task], wd: WorkDir | None, db: Database, cfg: TuneConfig,
+                  start: float) -> list[TaskReport]:
+    """The no-measurement compile's session (``measure=False``): each task's top-ranked
+    candidate recorded as its predicted schedule (``predict.py``), nothing built or timed.
+    The searches replay their pools in the builder's workers too; the pools share
+    ``max_time``, or ``PREDICT_SECS`` per task."""
+    if wd is None:
+        raise RelaxTuneError("measure=False needs a work_dir: the predicted schedules are "
+                             "kept there for ApplyDatabase")
+    builder = cfg.builder or LocalBuilder()
+    model = make_cost_model(cfg.cost_model, wd)
+    budget = cfg.max_time if cfg.max_time is not None else PREDICT_SECS * len(tasks)
+    progress = Progress(0, wd.log_file, enable_bar=False)
+    try:
+        states = [init_state(i, task, db, cfg.strategy, cfg.seed, model, _pool_of(builder),
+                             secs)
+                  for i, (task, secs) in enumerate(zip(tasks, pool_time(tasks, budget)))]
+        deadline = None if cfg.max_time is None else start + cfg.max_time
+        count = predict_schedules(states, wd.open_predicted(create=True), deadline)
+        for st in states:
+            st.report.status = "predicted" if st.report.predicted else "untuned"
+        logger.info("no-measurement compile: predicted schedules for %d of %d tasks in %.1f s "
+                    "(the others keep their untuned code)", count, len(tasks),
+                    time.monotonic() - start)
+        progress.table([st.report for st in states])
+    finally:
+        progress.close()
+        if cfg.builder is None:
+            builder.shutdown()
+    return [st.report for st in states]
+
+
+PREDICT_SECS = 1.5
+"""Seconds per task a no-measurement session without ``max_time`` spends, of which
+``POOL_SHARE`` grows the task's pool (the rest is the model's and the session's own work)."""
+
+POOL_SHARE = 0.3
+"""Of a session's ``max_time``, the share its tasks' searches may spend growing one pool
+each, split half evenly and half by each task's share of the model's FLOPs."""
+
+
+def pool_time(tasks: Sequence[Task], max_time: float | None) -> list[float | None]:
+    """Seconds each task's search may spend growing one pool (``SearchContext.pool_secs``)
+    under a time limit (None each without one). Unbounded, a ResNet-18's 37 first pools
+    ranked by the pre-trained model (about 600 replays each) took 260 s on 2 cores, and a
+    60 s limit ended before any candidate was built (docs/results/one-minute-tuning.md)."""
+    if max_time is None or not tasks:
+        return [None] * len(tasks)
+    costs = [t.weight * max(t.flops, 1.0) for t in tasks]
+    total = sum(costs)
+    return [POOL_SHARE * max_time * (0.5 / len(tasks) + 0.5 * c / total) for c in costs]
 
 
 def _pool_of(builder: object) -> object:

@@ -1,0 +1,69 @@
+"""The no-measurement compile: each task's schedule chosen by the cost model, nothing timed.
+
+``predict_schedules`` asks every task's search for the candidate its model (the shipped
+pre-trained one, ``cost_model="xgb-prior"``) ranks first in a pool grown within the task's
+share of the time, and records it in the work_dir's predicted schedules
+(``database.predicted``). ``ApplyDatabase`` uses a predicted schedule where the work_dir has
+no measurement of the task, so a session with a time limit also leaves the tasks it never
+reached with their predicted schedules instead of their untuned code.
+
+"Never slower than untuned", without measuring: only a candidate that tiles the task's
+loops for data reuse (the multi-level tiling of matmuls, convolutions and attention,
+``space.params.ANN_TILED``) is recorded. Such a task's untuned function is one serial loop
+nest over the whole reduction; the tiled candidates run in parallel, vectorised, with their
+tiles in cache, and measured 19x to 136x faster than it on the first try (the first
+candidate of each of ResNet-18's convolutions and matmuls, docs/results/one-minute-tuning.md).
+Elementwise, pooling and normalisation tasks, where a predicted schedule could lose to the
+untuned code (a parallel loop over too little work), keep their untuned code until measured.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from ..database.predicted import PredictedSchedules
+from ..space.params import ANN_TILED
+from ..utils import trace_to_json
+from .state import TaskState
+
+logger = logging.getLogger(__name__)
+
+
+def tiles_for_reuse(trace_json: list) -> bool:
+    """Whether a candidate's trace tiles a block for data reuse (``ANN_TILED``)."""
+    return ANN_TILED in json.dumps(trace_json)
+
+
+def may_tile(search: object) -> bool:
+    """Whether a task's design space holds candidates that tile for reuse (a search that
+    does not show its sketches may)."""
+    sketches = getattr(search, "sketches", None)
+    return sketches is None or any(tiles_for_reuse(trace_to_json(s)) for s in sketches)
+
+
+def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
+                      deadline: float | None = None) -> int:
+    """Record each task's top-ranked candidate (a task that tiles for reuse and has no
+    measured candidate yet) in ``predicted``, the heaviest tasks first, until ``deadline``
+    (time.monotonic). Returns how many were recorded (their reports say ``predicted``)."""
+    count = 0
+    order = sorted(states, key=lambda st: -st.task.weight * st.task.flops)
+    for st in order:
+        if deadline is not None and time.monotonic() >= deadline:
+            logger.info("max_time reached after %d predicted schedules", count)
+            break
+        if st.report.best_secs is not None or not may_tile(st.search):
+            continue  # measured already (ApplyDatabase takes the measurement), or untiled
+        try:
+            cand = st.search.best_predicted(st.measured)
+        except Exception as err:  # noqa: BLE001 - the task keeps its untuned code
+            logger.warning("%s: no predicted schedule (%s)", st.report.task_name, err)
+            continue
+        if cand is None or not tiles_for_reuse(cand.trace_json):
+            continue
+        predicted.add(st.task.mod, cand.trace_json, st.task.target, st.task.args_info)
+        st.report.predicted = True
+        count += 1
+    return count

@@ -1,0 +1,151 @@
+"""The no-measurement compile (measure=False) and a time limit that holds."""
+
+import logging
+import os
+import statistics
+import time
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import relax_tune as rt
+from relax_tune.measure import LocalBuilder, LocalRunner
+from relax_tune.testing.models import conv_net, model_inputs, split_inputs, transformer_block
+from relax_tune.testing.workloads import matmul_mod
+from relax_tune.tuning.predict import tiles_for_reuse
+from relax_tune.work_dir import WorkDir
+
+from model_checks import untuned_output
+
+MODELS = {"conv_net": lambda: conv_net(channels=32, size=32),
+          "transformer_block": lambda: transformer_block(seq=64, dim=128, hidden=256)}
+
+
+class CountingRunner(LocalRunner):
+    """A LocalRunner that counts what it is asked to run (a no-measurement session must ask
+    nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def run(self, *args, **kwargs):
+        self.calls += 1
+        return super().run(*args, **kwargs)
+
+    def time_and_fetch(self, *args, **kwargs):
+        self.calls += 1
+        return super().time_and_fetch(*args, **kwargs)
+
+    def run_and_fetch(self, *args, **kwargs):
+        self.calls += 1
+        return super().run_and_fetch(*args, **kwargs)
+
+
+def _median_secs(func, args, rounds=7):
+    out = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        func(*args)
+        out.append(time.perf_counter() - start)
+    return statistics.median(out)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_no_measurement_compile_times_nothing_is_correct_and_not_slower(name, target,
+                                                                        tmp_path):
+    mod, _ = MODELS[name]()
+    arrays = model_inputs(mod)
+    inputs, weights = split_inputs(mod, arrays)
+    runner = CountingRunner()
+    pipe = relax.get_pipeline("relax_tune", target=target, work_dir=str(tmp_path),
+                              params=weights, measure=False, runner=runner)
+    ex = tvm.compile(mod, target, relax_pipeline=pipe)
+    # nothing was timed, built for timing, or recorded as a measurement
+    assert runner.calls == 0 and runner._pool is None
+    assert len(rt.JSONDatabase(work_dir=str(tmp_path))) == 0
+    predicted = WorkDir(str(tmp_path)).open_predicted()
+    assert predicted is not None and len(predicted) >= 2
+    for record in predicted.database.get_all_tuning_records():
+        assert record.run_secs is None and tiles_for_reuse(record.trace_json)
+    # correct
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    args = [tvm.runtime.tensor(x) for x in inputs]
+    got = vm["forward"](*args).numpy()
+    want = untuned_output(mod, target, arrays)
+    # fast-math reassociates long sums: the tolerance follows the outputs' magnitude
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()))
+    # not slower than the untuned build of the same model (interleaved medians)
+    untuned = tvm.compile(relax.get_pipeline("relax_tune", target=target,
+                                             work_dir=str(tmp_path / "none"), params=weights,
+                                             max_trials_global=0)(mod), target)
+    uvm = relax.VirtualMachine(untuned, tvm.cpu())
+    fast, slow = [], []
+    for _ in range(3):
+        fast.append(_median_secs(vm["forward"], args))
+        slow.append(_median_secs(uvm["forward"], args))
+    assert statistics.median(fast) < statistics.median(slow)
+
+
+def test_every_predicted_kernel_is_faster_than_its_untuned_function(target, tmp_path,
+                                                                    shared_builder,
+                                                                    shared_runner):
+    """Task by task: each predicted schedule against its task's untuned function, both
+    built and timed by the tuner's own builder and runner."""
+    mod, _ = MODELS["transformer_block"]()
+    _, weights = split_inputs(mod, model_inputs(mod))
+    lowered = rt.transform.lower_for_tuning(mod, target, weights, cpu_weight_prepack=True)
+    tasks = rt.extract_tasks(lowered, target)
+    reports = rt.tune_tasks(tasks, str(tmp_path), measure=False)
+    predicted = WorkDir(str(tmp_path)).open_predicted()
+    checked = 0
+    for task, report in zip(tasks, reports):
+        sch = predicted.query_schedule(task.mod, target)
+        assert (sch is not None) == report.predicted
+        if sch is None:
+            continue
+        builds = shared_builder.build(task.mod, target, [None, sch.trace])
+        assert all(b.ok for b in builds), [b.error for b in builds]
+        untuned, tuned = shared_runner.run([b.artifact_path for b in builds], task.args_info,
+                                           target)
+        assert tuned.mean_secs < untuned.mean_secs, task.task_name
+        checked += 1
+    assert checked >= 3
+
+
+def test_max_time_holds_with_slow_baselines_and_says_what_it_left(tmp_path, target, caplog,
+                                                                  own_workers):
+    """Six tasks whose untuned functions take a tenth of a second or more, full-size
+    pools: the session ends within max_time plus one batch, and the log says which tasks
+    the limit left unmeasured and what they keep."""
+    tasks = []
+    for n in (320, 336, 352, 368, 384, 400):
+        tasks += rt.extract_tasks(matmul_mod(n), target)
+    limit = 8.0
+    start = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="relax_tune"):
+        reports = rt.tune_tasks(tasks, str(tmp_path), max_time=limit, num_trials_per_iter=4)
+    elapsed = time.monotonic() - start
+    batch = max(4 * 1.0, 0.5 * limit)  # one batch in flight: builds and timing of 4
+    assert elapsed < limit + batch, elapsed
+    untried = [r for r in reports if r.trials == 0]
+    assert untried, "the limit should leave some task unmeasured"
+    assert all(r.predicted for r in untried)
+    assert "reached before any candidate of" in caplog.text
+    assert "keep their predicted schedules" in caplog.text
+
+
+def test_measure_false_needs_a_work_dir(target):
+    with pytest.raises(rt.RelaxTuneError, match="work_dir"):
+        rt.tune_tasks(rt.extract_tasks(matmul_mod(64), target), None, measure=False)
+    with pytest.raises(rt.RelaxTuneError, match="needs a work_dir"):
+        rt.tune_tasks(rt.extract_tasks(matmul_mod(64), target), None, measure=False,
+                      database=rt.MemoryDatabase())
+
+
+def test_max_time_alone_lifts_the_trial_budget():
+    assert rt.TuneConfig().trial_budget == 64
+    assert rt.TuneConfig(max_time=30).trial_budget > 10**6
+    assert rt.TuneConfig(max_time=30, max_trials_global=8).trial_budget == 8
