@@ -36,6 +36,7 @@ from tvm.s_tir import analysis as s_analysis
 
 from .database import Database, TuningRecord, Workload, is_baseline
 from .tuning.state import AppliedLatency
+from .tuning.timeline import curve_at, model_curve, read_timeline
 from .utils import target_compatible
 from .work_dir import WorkDir
 
@@ -322,10 +323,53 @@ def best_schedule_text(s: WorkloadSummary) -> str:
     return json.dumps(rec.trace_json)
 
 
+CURVE_MARKS = (0, 30, 60, 120, 300)
+"""Tuning seconds the curve table reads the model's estimate at (and the curve's end)."""
+
+
+def curve_lines(curve: Sequence[tuple[float, float, int]]) -> list[str]:
+    """The model's estimated latency against tuning seconds as Markdown lines (the curve
+    of ``tuning.timeline.model_curve``), read at ``CURVE_MARKS`` and at its end."""
+    if not curve:
+        return []
+    end = curve[-1][0]
+    marks = [m for m in CURVE_MARKS if m <= end] + [end]
+    start = curve[0][1]
+    lines = [f"Estimated model latency against tuning seconds ({curve[-1][2]} tasks measured; "
+             "a task counts with its first measured time until it was measured: 0 s is "
+             "close to the no-measurement compile).", "",
+             "| tuning s | estimated us | vs 0 s |", "|---:|---:|---:|"]
+    for mark in dict.fromkeys(marks):
+        est = curve_at(list(curve), mark)
+        lines.append(f"| {mark:.0f} | {_us(est)} | {start / est:.2f}x |")
+    return lines + [""]
+
+
+def plot_model_curve(curve: Sequence[tuple[float, float, int]], out_dir: str) -> list[str]:
+    """``model_curve.png``: the estimated model latency against tuning seconds (a step
+    plot); [] without matplotlib or a curve."""
+    plt = _pyplot() if curve else None
+    if plt is None:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.step([t for t, _, _ in curve], [e * 1e6 for _, e, _ in curve], where="post")
+    ax.set_xlabel("tuning seconds")
+    ax.set_ylabel("estimated model latency (us)")
+    ax.set_title("the model against tuning time")
+    ax.grid(alpha=0.3)
+    path = os.path.join(out_dir, "model_curve.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
 def summary_markdown(summaries: Sequence[WorkloadSummary], work_dir: str,
-                     plot_files: dict[int, str] | None = None, overview: str | None = None) -> str:
-    """The report as Markdown: the workload table, the estimated end-to-end time, and per
-    workload its plot and best schedule."""
+                     plot_files: dict[int, str] | None = None, overview: str | None = None,
+                     curve: Sequence[tuple[float, float, int]] = (),
+                     curve_plot: bool = False) -> str:
+    """The report as Markdown: the workload table, the estimated end-to-end time, the model's
+    curve against tuning seconds, and per workload its plot and best schedule."""
     plot_files = plot_files or {}
     untuned, tuned = end_to_end(summaries)
     weights_known = all(s.weight is not None for s in summaries)
@@ -341,6 +385,9 @@ def summary_markdown(summaries: Sequence[WorkloadSummary], work_dir: str,
                      + ("(weights from tasks.json)." if weights_known
                         else "(weights unknown: each task counted once)."))
         lines.append("")
+    lines += curve_lines(curve)
+    if curve_plot:
+        lines += ["![estimated model latency against tuning seconds](model_curve.png)", ""]
     if overview:
         lines += [f"![best-so-far latency per workload]({overview})", ""]
     lines += ["| # | workload | shape | weight | trials | failed | untuned us | best us | "
@@ -413,6 +460,8 @@ class ReportFiles:
     summary: list[str]
     plots: list[str]
     summaries: list[WorkloadSummary]
+    curve: list[tuple[float, float, int]] = field(default_factory=list)
+    """The model's estimated latency against tuning seconds (``timeline.model_curve``)."""
 
 
 def write_report(work_dir: WorkDir | str, out_dir: str | None = None,
@@ -426,18 +475,20 @@ def write_report(work_dir: WorkDir | str, out_dir: str | None = None,
                           target)
     out_dir = out_dir or wd.file("report")
     os.makedirs(out_dir, exist_ok=True)
-    plots = plot_curves(summaries, out_dir)
+    curve = model_curve(read_timeline(wd.timeline_file))
+    plots = plot_model_curve(curve, out_dir) + plot_curves(summaries, out_dir)
     names = {os.path.basename(p) for p in plots}
     plot_files = {s.index: curve_file_name(s) for s in summaries if curve_file_name(s) in names}
     overview = "curves.png" if "curves.png" in names else None
     written = []
     path = os.path.join(out_dir, "summary.md")
     with open(path, "w", encoding="utf-8") as file:
-        file.write(summary_markdown(summaries, work_dir, plot_files, overview))
+        file.write(summary_markdown(summaries, work_dir, plot_files, overview, curve,
+                                    "model_curve.png" in names))
     written.append(path)
     if html_too:
         path = os.path.join(out_dir, "summary.html")
         with open(path, "w", encoding="utf-8") as file:
             file.write(summary_html(summaries, work_dir, plot_files, overview))
         written.append(path)
-    return ReportFiles(written, plots, summaries)
+    return ReportFiles(written, plots, summaries, list(curve))

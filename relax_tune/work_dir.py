@@ -12,6 +12,7 @@
     work_dir/dispatch_plan.json            which bucket serves which sizes, measured
                                            (``relax_tune.dynamic.plan``)
     work_dir/logs/tune.log                 the full tuning log
+    work_dir/logs/timeline.jsonl           each batch's task state against tuning seconds
 
 ``WorkDir`` is the one value that knows these names and opens these files: an entry point
 makes it once (``WorkDir.of``, which checks the path) and passes it on. Tuning creates what
@@ -103,6 +104,11 @@ class WorkDir:
     def log_file(self) -> str:
         """The full tuning log."""
         return os.path.join(self.logs_dir, "tune.log")
+
+    @property
+    def timeline_file(self) -> str:
+        """Each measured batch's task state against tuning seconds (``tuning.timeline``)."""
+        return os.path.join(self.logs_dir, "timeline.jsonl")
 
     @property
     def cost_model_dir(self) -> str:

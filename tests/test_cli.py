@@ -133,11 +133,13 @@ def test_tune_compile_db_report_on_the_onnx_demo_model(onnx_model, tmp_path, cap
     from test_report import check_png
 
     pngs = [line for line in out.splitlines() if line.endswith(".png")]
-    assert len(pngs) == 3  # curves.png + one per task
+    assert len(pngs) == 4  # model_curve.png, curves.png + one per task
+    assert "| tuning s | estimated us | vs 0 s |" in out
     for png in pngs:
         check_png(png)
     summary = open(os.path.join(wd, "report", "summary.md"), encoding="utf-8").read()
     assert "Estimated end-to-end time" in summary and "weights from tasks.json" in summary
+    assert "Estimated model latency against tuning seconds" in summary
 
     pruned = str(tmp_path / "pruned")
     code, out, err = run_cli(capsys, "db", "prune", wd, "-o", pruned, "--top-k", "2")
@@ -151,6 +153,23 @@ def test_tune_compile_db_report_on_the_onnx_demo_model(onnx_model, tmp_path, cap
     assert code == 0, err
     best = json.load(open(tmp_path / "best.json"))
     assert {b["name"] for b in best} == {"fused_matmul_add_relu", "matmul1"}
+
+
+def test_compile_predict_times_nothing(onnx_model, tmp_path, capsys, target):
+    """``compile --predict`` into a new work dir: the model's first choices, no record
+    measured, the library correct."""
+    path, weights = onnx_model
+    wd, lib_path = str(tmp_path / "new"), str(tmp_path / "model.so")
+    code, out, err = run_cli(capsys, "compile", path, "--work-dir", wd, "--predict", "-o",
+                             lib_path, "--target", json.dumps(json.loads(str(target))))
+    assert code == 0, err
+    assert "predicted schedules for 2 of 2 tasks" in out and "nothing measured" in out
+    assert "predicted ones for 2" in out
+    assert len(JSONDatabase(work_dir=wd)) == 0
+    vm = relax.VirtualMachine(tvm.runtime.load_module(lib_path), tvm.cpu())
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 784)).astype("float32")
+    got = vm["main"](tvm.runtime.tensor(x, tvm.cpu())).numpy()
+    np.testing.assert_allclose(got, _reference(x, weights), rtol=1e-4, atol=1e-4)
 
 
 def test_python_function_model_binds_its_params(tmp_path, target):

@@ -219,3 +219,11 @@ def test_report_on_a_real_tuning_run(tmp_path, target):
     assert s.curve[-1] == s.best_secs
     for path in files.plots:
         check_png(path)
+    # the model's curve against tuning seconds: from the timeline, never rising, ending at
+    # weight x the applied time
+    times = [t for t, _, _ in files.curve]
+    estimates = [e for _, e, _ in files.curve]
+    assert times[0] == 0 and times == sorted(times) and len(times) == 2  # 0 s + one batch
+    assert all(b <= a for a, b in zip(estimates, estimates[1:]))
+    assert estimates[-1] == pytest.approx(s.applied_secs)
+    assert "model_curve.png" in {os.path.basename(p) for p in files.plots}

@@ -95,8 +95,12 @@ def _tune(args: argparse.Namespace) -> int:
     if not tasks:
         print("relax-tune: nothing to tune (no TIR function in the model)")
         return 0
+    budget = ", ".join(part for part in (
+        f"{args.trials} trials" if args.trials is not None else "",
+        f"{args.max_time:g} s" if args.max_time is not None else "") if part) \
+        or f"{config.trial_budget} trials"
     print(f"relax-tune: {len(tasks)} tasks of {args.model} on {target.kind.name} "
-          f"({', '.join(t.task_name for t in tasks)}); {args.trials} trials, "
+          f"({', '.join(t.task_name for t in tasks)}); {budget}, "
           f"work dir {args.work_dir}", flush=True)
     runner = make_rpc_runner(args.rpc) if args.rpc else None
     start = time.perf_counter()
@@ -139,12 +143,24 @@ def _compile(args: argparse.Namespace) -> int:
                              f"for {triple}: install a cross compiler (Debian: apt-get install "
                              f"gcc-{triple}) or write an archive the device links (-o model.tar)")
     work_dir = WorkDir.of(args.work_dir)
-    db = work_dir.open_existing()
     model = load_model(args.model, parse_shape_dict(args.input_shape))
     hints = _dynamic_hints(args)
     tasks = extract_tasks(model.lowered(target), target, shape_hints=hints)
+    if args.predict:  # the no-measurement compile: the model's first choices, nothing timed
+        from ..tuning.tune import tune_tasks
+
+        start = time.perf_counter()
+        reports = tune_tasks(tasks, work_dir, measure=False)
+        print(f"relax-tune: predicted schedules for {sum(r.predicted for r in reports)} of "
+              f"{len(tasks)} tasks in {time.perf_counter() - start:.1f} s (nothing measured)",
+              flush=True)
+    db = work_dir.open_for_apply() if args.predict else work_dir.open_existing()
     best = [db.query_tuning_record(t.mod, target) for t in tasks]
     tuned = sum(1 for rec in best if rec is not None and not is_baseline(rec))
+    predicted = work_dir.open_predicted()
+    guessed = 0 if predicted is None else sum(
+        1 for t, rec in zip(tasks, best)
+        if rec is None and predicted.query_schedule(t.mod, target) is not None)
     pipeline = model.compile_pipeline(target, work_dir, max_trials_global=0,
                                       shape_hints=hints)
     ex = tvm.compile(model.mod, target, relax_pipeline=pipeline)
@@ -152,7 +168,8 @@ def _compile(args: argparse.Namespace) -> int:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     cross.export(ex, out, mode)
     print(f"relax-tune: wrote {args.output}; tuned schedules for {tuned} of {len(tasks)} "
-          "tasks, the others keep their untuned code (no record, or none faster)")
+          f"tasks" + (f", predicted ones for {guessed}" if guessed else "")
+          + ", the others keep their untuned code (no record, or none faster)")
     return 0
 
 
@@ -241,6 +258,10 @@ def _report(args: argparse.Namespace) -> int:
                                                   target))
     files = write_report(WorkDir.of(args.work_dir), args.output, meta=meta, target=_db_target(args)
                          if args.target and not args.model else None, html_too=args.html)
+    from ..report import curve_lines
+
+    for line in curve_lines(files.curve):
+        print(line)
     for path in files.summary + files.plots:
         print(path)
     return 0
@@ -289,8 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--work-dir", required=True,
                       help="the session's directory: tuning database, cost model, logs, task "
                            "names (created if missing)")
-    tune.add_argument("--trials", type=int, required=True,
-                      help="trials shared by all tasks (max_trials_global)")
+    tune.add_argument("--trials", type=int, default=None,
+                      help="trials shared by all tasks (max_trials_global; default: 64, or "
+                           "no limit with --max-time)")
     tune.add_argument("--trials-per-task", type=int, default=None,
                       help="cap on one task's trials (default: --trials)")
     tune.add_argument("--trials-per-iter", type=int, default=None,
@@ -299,7 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tune only tasks whose name contains one of these strings "
                            "(space- or comma-separated), e.g. --op-names matmul conv2d")
     tune.add_argument("--max-time", type=float, default=None, metavar="SECONDS",
-                      help="wall-clock budget; tuning stops after it with all records kept")
+                      help="the session's wall-clock budget, untuned baselines and searches "
+                           "included (the main knob: e.g. --max-time 60); tasks it leaves "
+                           "unmeasured keep the pre-trained model's first choice")
     tune.add_argument("--scheduler", choices=["gradient", "round-robin"], default=None,
                       help="how trials are shared among tasks (default: the tuner's, gradient)")
     tune.add_argument("--strategy", default=None,
@@ -326,6 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "tvm.runtime.load_module(path) and relax.VirtualMachine(lib, tvm.cpu()).")
     _add_model_args(comp)
     comp.add_argument("--work-dir", required=True, help="the work dir `tune` wrote")
+    comp.add_argument("--predict", action="store_true",
+                      help="first give every kernel without a tuned record the schedule the "
+                           "pre-trained model ranks first, timing nothing (seconds; kept in "
+                           "WORK_DIR/predicted, which may be new)")
     comp.add_argument("--dynamic", action="append", default=None, metavar="NAME=S1,S2,...",
                       help="extra sizes of a symbolic dimension to look records up at (the "
                            "sizes `tune` used are found in the work dir)")

@@ -10,6 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .timeline import Timeline
+
 if TYPE_CHECKING:
     from .state import TaskReport
 
@@ -57,12 +59,14 @@ class Progress:
     ETA and the current task, and the tuning table is printed above it after each round.
     Otherwise nothing is printed: one INFO log line per batch (and per baseline timed
     before the first trial) goes to the ``relax_tune`` logger. When ``log_file`` is given,
-    everything down to DEBUG is also written to it.
+    everything down to DEBUG is also written to it; with ``timeline_file`` each batch's
+    task state is appended there (``timeline.Timeline``).
     """
 
     def __init__(self, total: int, log_file: str | None = None,
-                 enable_bar: bool | None = None):
+                 enable_bar: bool | None = None, timeline_file: str | None = None):
         self.total = total
+        self._timeline = Timeline(timeline_file) if timeline_file else None
         self.done = 0
         self.start = time.perf_counter()
         self._handler = self._open_log(log_file) if log_file else None
@@ -107,6 +111,8 @@ class Progress:
         logger.info("[%d/%d trials, %.0f s] %s: %d trials, best %s, %d failed",
                     self.done, self.total, elapsed, report.task_name, report.trials, best,
                     report.failures)
+        if self._timeline is not None:
+            self._timeline.point(report)
 
     def table(self, reports: Sequence) -> None:
         """Show the tuning table (above the bar on a terminal; at DEBUG in the log)."""

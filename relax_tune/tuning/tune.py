@@ -109,7 +109,8 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
     session = Session(tasks, db, measurer, wd, cfg, model)
     per_task = cfg.per_task_budget
     remaining = max(0, cfg.trial_budget - sum(st.report.trials for st in states))
-    progress = Progress(remaining, wd.log_file if wd else None, enable_bar=cfg.progress_bar)
+    progress = Progress(remaining, wd.log_file if wd else None, enable_bar=cfg.progress_bar,
+                        timeline_file=wd.timeline_file if wd else None)
     deadline = search_deadline(hooks, start, cfg.max_time)
     if remaining > 0 and any(st.report.trials < per_task for st in states):
         measurer.start()  # worker start-up overlaps the first build
