@@ -28,13 +28,13 @@ def _kept(worker_class):
     class Kept(worker_class, metaclass=_AnyOf):
         shared = None
 
-        def __new__(cls):
+        def __new__(cls, *_args, **_options):  # the options of a session's own are dropped
             if cls.shared is None:
                 cls.shared = super().__new__(cls)
                 worker_class.__init__(cls.shared)
             return cls.shared
 
-        def __init__(self):
+        def __init__(self, *_args, **_options):
             pass
 
         def shutdown(self):

@@ -26,6 +26,9 @@ logger = logging.getLogger("relax_tune.measure")
 ERROR_TIMEOUT = "timeout"
 """Error text of a candidate that ran past its per-candidate time limit (its worker is killed)."""
 ERROR_CRASHED = "worker crashed"
+ERROR_NOT_BUILT = "not built before the session's time limit"
+"""The build result of a candidate still building at the session's deadline: it was never
+measured (the tuner records nothing for it, and a resumed session may measure it)."""
 """Error text of a candidate whose worker process died (segfault, abort, out of memory)."""
 
 _MAX_ERROR_LINES = 6
@@ -210,8 +213,9 @@ class BuildsDone:
     def __init__(self, results: list[BuildResult]) -> None:
         self._results = results
 
-    def result(self) -> list[BuildResult]:
-        """The build results, one per trace, in order."""
+    def result(self, deadline: float | None = None) -> list[BuildResult]:
+        """The build results, one per trace, in order (``deadline``: as
+        ``LocalBuilder``'s ``PendingBuild.result``; these are done already)."""
         return self._results
 
 

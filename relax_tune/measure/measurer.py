@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..utils import FAILED_RUN_SECS
-from .base import ERROR_CRASHED, ERROR_TIMEOUT, Builder, BuildResult, MeasureError, Runner, \
+from .base import ERROR_CRASHED, ERROR_NOT_BUILT, ERROR_TIMEOUT, Builder, BuildResult, MeasureError, Runner, \
     RunResult
 from .head_to_head import DEFAULT_ROUNDS, head_to_head
 from .verify import CorrectnessChecker
@@ -141,9 +141,12 @@ class Measurer:
 
     def measure(self, task: Task, traces: list[list | None], incumbent: Incumbent,
                 best_secs: float | None = None, baseline_secs: float | None = None,
-                while_building: Callable[[], None] | None = None) -> list[Measured]:
+                while_building: Callable[[], None] | None = None,
+                deadline: float | None = None) -> list[Measured]:
         """Build, time, screen and challenge one batch of ``task``; one ``Measured`` per trace,
-        in order. A trace None is the task's baseline (``baseline.baseline_module``), built
+        in order. A trace still building at ``deadline`` (time.monotonic: the session's
+        limit) is not measured: its ``Measured`` has the error ``ERROR_NOT_BUILT`` and the
+        tuner records nothing for it. A trace None is the task's baseline (``baseline.baseline_module``), built
         with the batch's candidates and timed after them (``_time_baseline``): it costs one
         build among the batch's and one call when a candidate clearly beats it.
 
@@ -155,7 +158,7 @@ class Measurer:
         pending = self.builder.submit(task.mod, task.target, traces)
         if while_building is not None:
             while_building()
-        builds = pending.result()
+        builds = pending.result(deadline)
         artifacts = [b.artifact_path for b in builds]
         cands = [i for i, t in enumerate(traces) if t is not None]
         best = best_secs or baseline_secs
@@ -163,12 +166,14 @@ class Measurer:
         # best (or past a second: such a kernel is timed well enough by one call).
         max_secs = _BASELINE_MAX_SECS if best is None else min(
             max(_CUT_RATIO * best, _MIN_CUT_SECS), _BASELINE_MAX_SECS)
-        runs: list[RunResult] = [RunResult(None, "not run")] * len(traces)
+        runs = [RunResult(None, b.error if b.error == ERROR_NOT_BUILT else "not run")
+                for b in builds]
         if cands:
             for i, run in zip(cands, self.runner.run([artifacts[i] for i in cands], info,
                                                      task.target, max_secs=max_secs)):
                 runs[i] = run
-        for i in (i for i, t in enumerate(traces) if t is None):
+        for i in (i for i, t in enumerate(traces)
+                  if t is None and builds[i].error != ERROR_NOT_BUILT):
             fastest = min((runs[j].mean_secs for j in cands if runs[j].ok), default=None)
             runs[i] = self._time_baseline(task, info, artifacts[i], fastest)
             baseline_secs = runs[i].mean_secs if runs[i].ok else baseline_secs

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from ..config import TuneConfig
 from ..database import Database
 from ..measure import BuildResult, Measured, Measurer, RunResult
+from ..measure.base import ERROR_NOT_BUILT
 from ..search import Candidate
 from .hooks import SessionHook
 from .progress import Progress
@@ -72,7 +73,8 @@ def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: Tun
             st.measured.add(cand.key)
         with_baseline = cfg.measure_baseline and BASELINE_KEY not in st.measured
         _measure(st, [None, *cands] if with_baseline else cands, db, measurer, hooks,
-                 prepare=_may_get_another_batch(st, len(cands), remaining, per_task, waiting))
+                 prepare=_may_get_another_batch(st, len(cands), remaining, per_task, waiting),
+                 deadline=deadline)
         if with_baseline:
             progress.baseline(st.report, missing - sum(
                 1 for t in states if BASELINE_KEY not in t.measured), missing)
@@ -222,7 +224,8 @@ def _may_get_another_batch(st: TaskState, n: int, remaining: int, per_task: int,
 
 
 def _measure(st: TaskState, cands: list[Candidate | None], db: Database, measurer: Measurer,
-             hooks: Sequence[SessionHook], prepare: bool = True) -> None:
+             hooks: Sequence[SessionHook], prepare: bool = True,
+             deadline: float | None = None) -> None:
     """Measure one batch of one task (None: the untuned function, first when in the batch)
     and commit it: one record per candidate, the report updated, the search told how its
     candidates did. The hooks screen the batch's candidates first (those they drop are
@@ -247,5 +250,13 @@ def _measure(st: TaskState, cands: list[Candidate | None], db: Database, measure
     batch = measurer.measure(st.task, traces, st.incumbent, st.report.best_secs,
                              st.report.baseline_secs,
                              while_building=functools.partial(st.search.prepare, st.measured)
-                             if prepare else None)
-    commit(st, cands, batch, db)
+                             if prepare else None, deadline=deadline)
+    # what the limit stopped mid-build was never measured: no record, measurable next time
+    cut = [i for i, m in enumerate(batch) if m.error == ERROR_NOT_BUILT]
+    for i in cut:
+        st.measured.discard(BASELINE_KEY if cands[i] is None else cands[i].key)
+    if cut:
+        logger.info("%s: %d builds still running at max_time were dropped unmeasured",
+                    st.report.task_name, len(cut))
+    commit(st, [c for i, c in enumerate(cands) if i not in cut],
+           [m for i, m in enumerate(batch) if i not in cut], db)

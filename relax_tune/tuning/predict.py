@@ -13,14 +13,19 @@ loops for data reuse (the multi-level tiling of matmuls, convolutions and attent
 nest over the whole reduction; the tiled candidates run in parallel, vectorised, with their
 tiles in cache, and measured 19x to 136x faster than it on the first try (the first
 candidate of each of ResNet-18's convolutions and matmuls, docs/results/one-minute-tuning.md).
-Elementwise, pooling and normalisation tasks, where a predicted schedule could lose to the
-untuned code (a parallel loop over too little work), keep their untuned code until measured.
+Elementwise, layout, pooling and normalisation tasks get one only when their largest tensor
+has ``MIN_UNTILED_ELEMENTS`` elements or more: on less, a parallel loop's start-up can cost
+more than the untuned loop; on more, the untuned function is a single-threaded scalar loop
+nest (ResNet-18's Winograd layout, gather and pooling tasks measured 80x-800x slower
+untuned than their best schedule after 300 s of tuning, docs/design/time-budget.md).
+Smaller ones keep their untuned code until measured.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 
 from ..database.predicted import PredictedSchedules
@@ -34,6 +39,20 @@ logger = logging.getLogger(__name__)
 def tiles_for_reuse(trace_json: list) -> bool:
     """Whether a candidate's trace tiles a block for data reuse (``ANN_TILED``)."""
     return ANN_TILED in json.dumps(trace_json)
+
+
+MIN_UNTILED_ELEMENTS = 16384
+"""A task that does not tile for reuse (elementwise, layout, pooling, normalisation) gets a
+predicted schedule only when its largest tensor has this many elements: its untuned
+function then runs long enough on one core (tens of microseconds and up) that a parallel,
+vectorised schedule cannot lose by its threads' start-up."""
+
+
+def work_elements(task) -> int:
+    """Elements of the task's largest tensor argument."""
+    sizes = [math.prod(int(d) for d in arg[2]) for arg in task.args_info
+             if arg and arg[0] == "TENSOR"]
+    return max(sizes, default=0)
 
 
 def may_tile(search: object) -> bool:
@@ -54,14 +73,15 @@ def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
         if deadline is not None and time.monotonic() >= deadline:
             logger.info("max_time reached after %d predicted schedules", count)
             break
-        if st.report.best_secs is not None or not may_tile(st.search):
-            continue  # measured already (ApplyDatabase takes the measurement), or untiled
+        large = work_elements(st.task) >= MIN_UNTILED_ELEMENTS
+        if st.report.best_secs is not None or not (large or may_tile(st.search)):
+            continue  # measured already (ApplyDatabase takes the measurement), or too small
         try:
             cand = st.search.best_predicted(st.measured)
         except Exception as err:  # noqa: BLE001 - the task keeps its untuned code
             logger.warning("%s: no predicted schedule (%s)", st.report.task_name, err)
             continue
-        if cand is None or not tiles_for_reuse(cand.trace_json):
+        if cand is None or not (large or tiles_for_reuse(cand.trace_json)):
             continue
         predicted.add(st.task.mod, cand.trace_json, st.task.target, st.task.args_info)
         st.report.predicted = True

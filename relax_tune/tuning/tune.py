@@ -97,7 +97,8 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
     runner = cfg.runner or LocalRunner()
     for kind_target in {t.target.kind.name: t.target for t in tasks}.values():
         runner.check_target(kind_target)  # e.g. cuda without a GPU: stop before any work
-    builder = cfg.builder or LocalBuilder()  # after the check: it makes a temporary folder
+    # after the check: it makes a temporary folder
+    builder = cfg.builder or LocalBuilder(timeout_sec=build_timeout(cfg.max_time))
     measurer = Measurer(builder, runner, cfg.check_correctness, cfg.head_to_head_rounds)
     model = make_cost_model(cfg.cost_model, wd)  # a name, or a CostModel passed through
     # the searches replay candidates in the builder's workers too while those idle
@@ -116,7 +117,8 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
         measurer.start()  # worker start-up overlaps the first build
     try:
         if wd is not None and remaining > 0:  # the fallback of the tasks left unmeasured
-            predict_schedules(states, wd.open_predicted(create=True), deadline)
+            predict_schedules(states, wd.open_predicted(create=True), None if deadline is None
+                              else start + PREDICT_SHARE * (deadline - start))
         run_loop(states, db, measurer, cfg, make_scheduler(cfg.task_scheduler, cfg.seed),
                  hooks, progress, remaining, deadline)
         run_after_search(hooks, session, start, cfg.max_time)
@@ -166,9 +168,21 @@ def _predict_only(tasks: Sequence[Task], wd: WorkDir | None, db: Database, cfg: 
     return [st.report for st in states]
 
 
+PREDICT_SHARE = 0.5
+"""Of a measured session's time, the most its predicted schedules may take before the first
+batch (the rest is for measuring; tasks not reached keep their untuned code)."""
+
 PREDICT_SECS = 1.5
 """Seconds per task a no-measurement session without ``max_time`` spends, of which
 ``POOL_SHARE`` grows the task's pool (the rest is the model's and the session's own work)."""
+
+def build_timeout(max_time: float | None) -> float:
+    """Seconds one candidate's build may take in a session of our own builder: 60, and a
+    tenth of a time limit (never under 10). An unscheduled-looking candidate can keep LLVM
+    busy for most of a minute (a ResNet-18 classifier matmul candidate: 39 s and 44 s in two
+    sessions of 60 s and 120 s), holding the batch, and the session, that long."""
+    return 60.0 if max_time is None else min(60.0, max(10.0, max_time / 10))
+
 
 POOL_SHARE = 0.3
 """Of a session's ``max_time``, the share its tasks' searches may spend growing one pool
