@@ -482,6 +482,7 @@ def main() -> int:
         f"{onnxruntime.__version__}; inputs {'small (--small)' if args.small else 'full size'};"
         f" batch 1, float32, random weights",
         f"relax_tune budgets: {'fresh work_dir each' if args.fresh else 'incremental, one work_dir'}"
+        f"{f'; by time {args.seconds} s, a fresh work_dir each' if args.seconds else ''}"
         f" (trials {args.trials or '-'}, per task {args.trials_per_task or '-'}, cost model "
         f"{args.cost_model}{prior_rows}"
         f"{f', max_time {args.max_time:.0f} s' if args.max_time else ''})"

@@ -117,8 +117,7 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
         measurer.start()  # worker start-up overlaps the first build
     try:
         if wd is not None and remaining > 0:  # the fallback of the tasks left unmeasured
-            predict_schedules(states, wd.open_predicted(create=True), None if deadline is None
-                              else start + PREDICT_SHARE * (deadline - start))
+            predict_schedules(states, wd.open_predicted(create=True), deadline)
         run_loop(states, db, measurer, cfg, make_scheduler(cfg.task_scheduler, cfg.seed),
                  hooks, progress, remaining, deadline)
         run_after_search(hooks, session, start, cfg.max_time)
@@ -167,10 +166,6 @@ def _predict_only(tasks: Sequence[Task], wd: WorkDir | None, db: Database, cfg: 
             builder.shutdown()
     return [st.report for st in states]
 
-
-PREDICT_SHARE = 0.5
-"""Of a measured session's time, the most its predicted schedules may take before the first
-batch (the rest is for measuring; tasks not reached keep their untuned code)."""
 
 PREDICT_SECS = 1.5
 """Seconds per task a no-measurement session without ``max_time`` spends, of which
