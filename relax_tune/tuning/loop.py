@@ -75,7 +75,7 @@ def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: Tun
         _measure(st, [None, *cands] if with_baseline else cands, db, measurer, hooks,
                  prepare=_may_get_another_batch(st, len(cands), remaining, per_task, waiting),
                  deadline=deadline)
-        if with_baseline:
+        if with_baseline and BASELINE_KEY in st.measured:  # not cut by the deadline
             progress.baseline(st.report, missing - sum(
                 1 for t in states if BASELINE_KEY not in t.measured), missing)
         remaining -= len(cands)
