@@ -196,7 +196,7 @@ class ApplyDatabase:
         self.applied: list[str] = []
         self.kept: list[str] = []
         self.predicted: list[str] = []
-        self._predicted = False  # the work_dir's predicted schedules, opened when first needed
+        self._predicted = None  # the work_dir's predicted schedules, while applying
 
     def _database(self) -> Database:
         if self.database is not None:
@@ -215,7 +215,8 @@ class ApplyDatabase:
         db = self._database()
         out = mod.clone()
         self.applied, self.kept, self.predicted = [], [], []
-        self._predicted = False
+        self._predicted = self.work_dir.open_predicted() \
+            if self.work_dir is not None and self.database is None else None
         bounds = upper_bounds(mod)
         side: tuple[dict, dict] | None = None  # the work_dir's ranking and plan, read once
         for gv, func in mod.functions.items():
@@ -249,10 +250,6 @@ class ApplyDatabase:
     def _predicted_schedule(self, name: str, func: tirx.PrimFunc, target):
         """The work_dir's predicted schedule of ``func`` (``database.predicted``: chosen by
         the cost model, not measured), for a function with no measured record; or None."""
-        if self.work_dir is None or self.database is not None:
-            return None
-        if self._predicted is False:
-            self._predicted = self.work_dir.open_predicted()
         if self._predicted is None:
             return None
         try:

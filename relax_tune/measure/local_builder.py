@@ -18,7 +18,8 @@ from tvm.support.popen_pool import PopenPoolExecutor
 
 from ..utils import RelaxTuneError, normalize_mod, parse_target, to_plain, trace_to_json
 from . import _worker, cross, prepack
-from .base import (ERROR_CRASHED, ERROR_NOT_BUILT, ERROR_TIMEOUT, Builder, BuildResult, BuildsDone, logger,
+from .base import (ERROR_CRASHED, ERROR_NOT_BUILT, ERROR_TIMEOUT, Builder, BuildResult,
+                   BuildsDone, logger,
                    short_error, shutdown_pool, worker_import_error, worker_output)
 
 
@@ -250,20 +251,23 @@ class PendingBuild:
         and gets ``ERROR_NOT_BUILT`` (one slow LLVM build, 39 s for a ResNet-18 matmul
         candidate, held a 60 s session until 95 s)."""
         if self._results is None:
-            self._results = [job if isinstance(job, BuildResult)
-                             else self._builder._collect(path, job)
-                             if _done_by(job, deadline) else BuildResult(None, ERROR_NOT_BUILT, 0.0)
-                             for path, job in self._jobs]
+            self._results = [self._result_of(path, job, deadline) for path, job in self._jobs]
             if self._results:
                 logger.debug("built %d/%d candidates of workload %s",
                               sum(r.ok for r in self._results), len(self._results),
                               self._digest[:12])
         return self._results
 
+    def _result_of(self, path: str, job: Future | BuildResult,
+                   deadline: float | None) -> BuildResult:
+        if not _done_by(job, deadline):
+            return BuildResult(None, ERROR_NOT_BUILT, 0.0)
+        return job if isinstance(job, BuildResult) else self._builder._collect(path, job)
 
-def _done_by(future: Future, deadline: float | None) -> bool:
+
+def _done_by(future: Future | BuildResult, deadline: float | None) -> bool:
     """Whether ``future`` is done by ``deadline`` (time.monotonic; None: wait for it)."""
-    if deadline is None:
+    if deadline is None or isinstance(future, BuildResult):
         return True
     wait([future], timeout=max(0.0, deadline - time.monotonic()))
     return future.done()

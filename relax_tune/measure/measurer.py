@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..utils import FAILED_RUN_SECS
-from .base import ERROR_CRASHED, ERROR_NOT_BUILT, ERROR_TIMEOUT, Builder, BuildResult, MeasureError, Runner, \
-    RunResult
+from .base import ERROR_CRASHED, ERROR_NOT_BUILT, ERROR_TIMEOUT, Builder, BuildResult, \
+    MeasureError, Runner, RunResult
 from .head_to_head import DEFAULT_ROUNDS, head_to_head
 from .verify import CorrectnessChecker
 
@@ -145,9 +145,9 @@ class Measurer:
         """Build, time, screen and challenge one batch of ``task``; one ``Measured`` per trace,
         in order. A trace still building at ``deadline`` (time.monotonic: the session's
         limit) is not measured: its ``Measured`` has the error ``ERROR_NOT_BUILT`` and the
-        tuner records nothing for it. A trace None is the task's baseline (``baseline.baseline_module``), built
-        with the batch's candidates and timed after them (``_time_baseline``): it costs one
-        build among the batch's and one call when a candidate clearly beats it.
+        tuner records nothing for it. A trace None is the task's baseline
+        (``baseline.baseline_module``), built with the batch's candidates and timed after
+        them (``_time_baseline``).
 
         ``incumbent`` is the task's protocol state (updated here: the batch's new best, the
         reference); ``best_secs`` and ``baseline_secs`` are the task's best and untuned
@@ -174,7 +174,6 @@ class Measurer:
         for i in (i for i, t in enumerate(traces)
                   if t is None and builds[i].error != ERROR_NOT_BUILT):
             runs[i] = self._time_baseline(task, info, artifacts[i])
-            baseline_secs = runs[i].mean_secs if runs[i].ok else baseline_secs
         if cands and self.checker is not None:  # wrong would-be bests fail
             screened = self.checker.screen(task.task_name, task.mod, task.target, info,
                                            [artifacts[i] for i in cands],
@@ -274,7 +273,6 @@ class Measurer:
         target = task.target
         if artifact is None:
             return RunResult(None, "the untuned function did not build")
-        cut = _BASELINE_ONE_CALL_SECS
         if self.checker is not None and self.runner.can_time_and_fetch:
             try:
                 secs = self.runner.time_and_fetch(artifact, info, target, seed=self.checker.seed)
@@ -284,9 +282,9 @@ class Measurer:
                 logger.debug("untuned function failed its first call: %s", err)  # timed below
             else:
                 self.checker.use_reference(task.task_name, task.mod, target, info, artifact)
-                if secs > cut:
+                if secs > _BASELINE_ONE_CALL_SECS:
                     return RunResult([secs], None)
-        return self.runner.run([artifact], info, target, max_secs=cut)[0]
+        return self.runner.run([artifact], info, target, max_secs=_BASELINE_ONE_CALL_SECS)[0]
 
     def _keep(self, incumbent: Incumbent, batch: list[Measured],
               best_secs: float | None) -> None:

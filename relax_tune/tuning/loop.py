@@ -38,6 +38,7 @@ def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: Tun
     per_task = cfg.per_task_budget
     missing = sum(1 for st in states if BASELINE_KEY not in st.measured) \
         if cfg.measure_baseline else 0
+    baselines = 0  # of the missing, measured so far
     _prioritise(states, per_task)
     rounds_since_table = 0
     pace = _Pace()
@@ -76,8 +77,8 @@ def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: Tun
                  prepare=_may_get_another_batch(st, len(cands), remaining, per_task, waiting),
                  deadline=deadline)
         if with_baseline and BASELINE_KEY in st.measured:  # not cut by the deadline
-            progress.baseline(st.report, missing - sum(
-                1 for t in states if BASELINE_KEY not in t.measured), missing)
+            baselines += 1
+            progress.baseline(st.report, baselines, missing)
         remaining -= len(cands)
         pace.record(time.monotonic() - batch_start, len(cands))
         _after_round(st, per_task, cfg.convergence_window)

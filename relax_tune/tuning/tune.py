@@ -103,9 +103,7 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
     model = make_cost_model(cfg.cost_model, wd)  # a name, or a CostModel passed through
     # the searches replay candidates in the builder's workers too while those idle
     replay_pool = _pool_of(builder)
-    pool_secs = pool_time(tasks, cfg.max_time)
-    states = [init_state(i, task, db, cfg.strategy, cfg.seed, model, replay_pool, secs)
-              for i, (task, secs) in enumerate(zip(tasks, pool_secs))]
+    states = _states(tasks, db, cfg, model, replay_pool, cfg.max_time)
     hooks = [*dynamic_hooks(tasks, cfg, wd), SaveCostModel()]
     session = Session(tasks, db, measurer, wd, cfg, model)
     per_task = cfg.per_task_budget
@@ -149,9 +147,7 @@ def _predict_only(tasks: Sequence[Task], wd: WorkDir | None, db: Database, cfg: 
     budget = cfg.max_time if cfg.max_time is not None else PREDICT_SECS * len(tasks)
     progress = Progress(0, wd.log_file, enable_bar=False)
     try:
-        states = [init_state(i, task, db, cfg.strategy, cfg.seed, model, _pool_of(builder),
-                             secs)
-                  for i, (task, secs) in enumerate(zip(tasks, pool_time(tasks, budget)))]
+        states = _states(tasks, db, cfg, model, _pool_of(builder), budget)
         deadline = None if cfg.max_time is None else start + cfg.max_time
         count = predict_schedules(states, wd.open_predicted(create=True), deadline)
         for st in states:
@@ -165,6 +161,13 @@ def _predict_only(tasks: Sequence[Task], wd: WorkDir | None, db: Database, cfg: 
         if cfg.builder is None:
             builder.shutdown()
     return [st.report for st in states]
+
+
+def _states(tasks: Sequence[Task], db: Database, cfg: TuneConfig, model, replay_pool,
+            secs: float | None) -> list:
+    """Each task's state, its search given its share of ``secs`` per pool (``pool_time``)."""
+    return [init_state(i, task, db, cfg.strategy, cfg.seed, model, replay_pool, share)
+            for i, (task, share) in enumerate(zip(tasks, pool_time(tasks, secs)))]
 
 
 PREDICT_SECS = 1.5
