@@ -52,20 +52,23 @@ def import_torchvision():
 
 
 # ---------------------------------------------------------------------------- models
-def make_model(name: str, small: bool):
-    """``(torch module in eval mode, example inputs tuple, description)``; seeded."""
+def make_model(name: str, small: bool, size: int | None = None, **dims):
+    """``(torch module in eval mode, example inputs tuple, description)``; seeded. ``size``
+    replaces the image side (the sequence length for ``bert``) and ``dims`` the
+    transformers' ``d``, ``heads`` and ``ff`` (other shapes of the same models: the
+    transfer library's, tools/transfer_library)."""
     import torch
     from torch import nn
 
     torch.manual_seed(0)
     if name in ("resnet18", "mobilenet_v2"):
         tv = import_torchvision()
-        size = 64 if small else 224
+        size = size or (64 if small else 224)
         model = getattr(tv.models, name)(weights=None)
         x = torch.randn(1, 3, size, size)
         return model.eval(), (x,), f"1x3x{size}x{size}"
     if name == "bert":
-        seq = 32 if small else 128
+        seq = size or (32 if small else 128)
 
         class SmallBert(nn.Module):
             def __init__(self, vocab=8192, d=256, heads=4, ff=1024, layers=4):
@@ -84,9 +87,10 @@ def make_model(name: str, small: bool):
                 return h
 
         ids = torch.randint(0, 8192, (1, seq), dtype=torch.int64)
-        return SmallBert().eval(), (ids,), f"seq {seq}, 4 layers d256"
+        bert = SmallBert(**dims).eval()
+        return bert, (ids,), f"seq {seq}, 4 layers d{bert.norm.normalized_shape[0]}"
     if name == "vit":
-        img = 64 if small else 224
+        img = size or (64 if small else 224)
 
         class SmallViT(nn.Module):
             def __init__(self, patch=16, d=192, heads=3, ff=768, layers=6, classes=1000):
@@ -110,7 +114,8 @@ def make_model(name: str, small: bool):
                 return self.head(self.norm(x[:, 0]))
 
         x = torch.randn(1, 3, img, img)
-        return SmallViT().eval(), (x,), f"1x3x{img}x{img}, 6 layers d192"
+        vit = SmallViT(**dims).eval()
+        return vit, (x,), f"1x3x{img}x{img}, 6 layers d{vit.norm.normalized_shape[0]}"
     raise ValueError(name)
 
 

@@ -39,6 +39,10 @@ class TuneConfig:
     measure: False compiles without timing anything: each task that tiles for reuse gets
         the schedule the pre-trained model ranks first (``tuning.predict``; the
         no-measurement compile, seconds per model), the others keep their untuned code.
+    transfer: the best schedules of alike workloads (the same computation on other
+        shapes: in the work_dir's database and in the library shipped with the package)
+        are refitted to each task; they lead its first batch, and without measurement the
+        close ones are applied instead of the model's choice (``relax_tune.transfer``).
     op_names: keep only the tasks whose name contains one of these strings (None: all).
     strategy: search strategy name (``relax_tune.search.search_names()``).
     cost_model: "xgb-prior" (the default: the shipped pre-trained model, adapting to the
@@ -78,6 +82,7 @@ class TuneConfig:
     num_trials_per_iter: int = 16
     max_time: float | None = None
     measure: bool = True
+    transfer: bool = True
     op_names: tuple[str, ...] | None = None
     strategy: str = "evolutionary"
     cost_model: Any = "xgb-prior"
@@ -117,7 +122,7 @@ class TuneConfig:
         _check_int("convergence_window", self.convergence_window, minimum=0)
         _check_number("min_task_share", self.min_task_share, minimum=0, maximum=1)
         _check_int("seed", self.seed, minimum=0)
-        for name in ("measure", "measure_baseline", "check_correctness", "dispatch_plan"):
+        for name in ("measure", "transfer", "measure_baseline", "check_correctness", "dispatch_plan"):
             if not isinstance(getattr(self, name), bool):
                 raise RelaxTuneError(f"{name} must be True or False, not "
                                      f"{getattr(self, name)!r}")

@@ -65,6 +65,9 @@ def _importers(prefix: str, of: str) -> list[str]:
     ("relax_tune.space", "relax_tune.search", "design spaces are below the search"),
     ("relax_tune.space", "relax_tune.tuning", "design spaces are below the engine"),
     ("relax_tune.lowering", "relax_tune.tuning", "lowering comes before tuning"),
+    ("relax_tune.transfer", "relax_tune.tuning", "transfer is a source the engine consults"),
+    ("relax_tune.transfer", "relax_tune.search", "the search gets transfers through its context"),
+    ("relax_tune.search", "relax_tune.transfer", "the search gets transfers through its context"),
 ])
 def test_dependencies_run_one_way(importer, imported, why):
     assert _importers(importer, imported) == [], why

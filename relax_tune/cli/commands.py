@@ -70,7 +70,8 @@ def _tune_config(args: argparse.Namespace):
               "num_trials_per_iter": args.trials_per_iter, "strategy": args.strategy,
               "seed": args.seed, "cost_model": args.cost_model,
               "op_names": _split_names(args.op_names),
-              "shape_hints": _dynamic_hints(args)}
+              "shape_hints": _dynamic_hints(args),
+              "transfer": False if args.no_transfer else None}
     return make_config(**{k: v for k, v in wanted.items() if v is not None})
 
 
@@ -150,7 +151,7 @@ def _compile(args: argparse.Namespace) -> int:
         from ..tuning.tune import tune_tasks
 
         start = time.perf_counter()
-        reports = tune_tasks(tasks, work_dir, measure=False)
+        reports = tune_tasks(tasks, work_dir, measure=False, transfer=not args.no_transfer)
         print(f"relax-tune: predicted schedules for {sum(r.predicted for r in reports)} of "
               f"{len(tasks)} tasks in {time.perf_counter() - start:.1f} s (nothing measured)",
               flush=True)
@@ -333,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the model that ranks candidates: xgb-prior (default: pre-trained, "
                            "adapting to the session), xgb (learns from this session only), "
                            "random or none")
+    tune.add_argument("--no-transfer", action="store_true",
+                      help="do not start from the schedules of alike workloads (the work "
+                           "dir's and the library shipped with relax_tune)")
     tune.add_argument("--dynamic", action="append", default=None, metavar="NAME=S1,S2,...",
                       help="sizes a symbolic dimension is tuned at, e.g. n=1,16,64,256,1024 "
                            "(SIZE:WEIGHT weighs a size; repeat for more variables); default: "
@@ -351,9 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(comp)
     comp.add_argument("--work-dir", required=True, help="the work dir `tune` wrote")
     comp.add_argument("--predict", action="store_true",
-                      help="first give every kernel without a tuned record the schedule the "
-                           "pre-trained model ranks first, timing nothing (seconds; kept in "
-                           "WORK_DIR/predicted, which may be new)")
+                      help="first give every kernel without a tuned record a schedule, timing "
+                           "nothing: the closest alike workload's tuned one (the work dir's "
+                           "or the shipped library's), else the one the pre-trained model "
+                           "ranks first (seconds; kept in WORK_DIR/predicted, which may be "
+                           "new)")
+    comp.add_argument("--no-transfer", action="store_true",
+                      help="with --predict: the model's first choice everywhere, no schedule "
+                           "of an alike workload (the work dir's, the shipped library's)")
     comp.add_argument("--dynamic", action="append", default=None, metavar="NAME=S1,S2,...",
                       help="extra sizes of a symbolic dimension to look records up at (the "
                            "sizes `tune` used are found in the work dir)")

@@ -34,6 +34,12 @@ convolutions lose half of it to the small pool.
 
 The measurements behind these choices: docs/design/first-pool.md.
 
+With a transfer source (``SearchContext.transfer``), the first pool also gets the best
+schedules of the task's closest alike workloads, refitted to its shapes
+(``relax_tune.transfer``); they lead the first batch, become parents once measured, and
+the close ones of this machine's class are ``best_predicted``'s answer, ahead of the
+model's (``MAX_APPLY_DISTANCE``).
+
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds (they overlap the builds); the call then only re-scores the pool with the model that
 has learnt that batch, and selects. Their replays go in chunks to a ``Replayer``
@@ -70,6 +76,13 @@ logger = logging.getLogger("relax_tune.search")
 
 _SEED_HIGH = 2**31 - 1
 _CHUNK = 32  # jobs replayed together (shared with the workers; those past a stop are wasted)
+MAX_APPLY_DISTANCE = 4.5
+"""A transferred schedule from a workload this close (``transfer.similarity.shape_distance``)
+and a machine of this one's class is the no-measurement choice over the model's. Measured
+against the model's choice on ResNet-18's and MobileNetV2's tasks (each task's schedule
+transferred from its closest other alike task): up to 4.5 the transferred one was as fast
+(within 5%) or faster on 21 of 26 tasks; past it slower on 8 of 13, up to 5x
+(docs/design/transfer.md)."""
 _MIN_TIMED_POOL = 8
 """Fresh samples a pool gets even when its time (``SearchContext.pool_secs``) is spent (16
 made MobileNetV2's 34 first pools take a whole 30 s session on 2 cores)."""
@@ -210,6 +223,8 @@ class EvolutionarySearch(SearchStrategy):
         self._ranked_first = False  # the pool is the larger first one the model ranks
         self._small_pool: set[str] = set()  # keys of the first ranked pool's small part
         self._grow_deadline: float | None = None  # time.monotonic() a pool stops growing at
+        self._transferred: list[tuple[str, bool]] = []  # (key, close enough to apply unmeasured)
+        self._transfer_tried = False
         self.errors: dict[str, int] = {}
         """Why samples and mutants were dropped: reason -> count."""
         self.stats = {"replays": 0, "replay_secs": 0.0, "feature_secs": 0.0,
@@ -415,12 +430,21 @@ class EvolutionarySearch(SearchStrategy):
 
     def best_predicted(self, exclude: set[str] | frozenset[str] = frozenset()
                        ) -> Candidate | None:
-        """The candidate the model ranks first, left in the pool (the next call may still
-        return it): the pool is grown first when the next call's is not (as ``prepare``).
-        None when the space gives no candidate."""
+        """The schedule to apply unmeasured, left in the pool (the next call may still
+        return it): the closest transferred one tuned on a machine of this class within
+        ``MAX_APPLY_DISTANCE``, else the one the model ranks first (the pool grown first
+        when the next call's is not, as ``prepare``). None when there is neither."""
         ranks = getattr(self.model, "ranks", None)
-        if not self._tunable or ranks is None or not ranks(self.task):
+        model_ranks = ranks is not None and ranks(self.task)
+        if not self._tunable or not (model_ranks or self.context.transfer is not None):
             return None  # without a model that ranks the task, its first choice is chance
+        self._add_transferred(exclude)  # the pool is not grown where one applies
+        transferred = [e for e in self._transferred_entries(applicable_only=True)
+                       if e.cand.key not in exclude]
+        if transferred:
+            return transferred[0].cand
+        if not model_ranks:
+            return None
         self.prepare(exclude)
         self._score_pool()
         entries = [e for e in self._pool.values() if e.cand.key not in exclude]
@@ -460,6 +484,7 @@ class EvolutionarySearch(SearchStrategy):
             fresh, generations, mutants = \
                 self.ranked_pool, self.ranked_generations, self.ranked_mutants
             self._ranked_first = True
+        self._add_transferred(exclude)
         self._grown = True
         if self._ranked_first and self.small_pool_share > 0:
             small_fresh, small_generations, small_mutants = self.small_pool
@@ -469,8 +494,35 @@ class EvolutionarySearch(SearchStrategy):
         self._sample_fresh(max(fresh, at_least), exclude)
         self._evolve(exclude, generations, mutants)
 
+    def _add_transferred(self, exclude: set[str] | frozenset[str]) -> None:
+        """Pool the schedules of alike workloads (``SearchContext.transfer``), closest
+        first; they lead the first batch and the no-measurement choice."""
+        source = self.context.transfer
+        if source is None or self._transfer_tried:
+            return
+        self._transfer_tried = True
+        try:
+            found = source.find(self.mod, self.target)
+        except Exception as err:  # noqa: BLE001 - a transfer is a bonus, never a failure
+            logger.debug("transfer for %s failed: %s", self.task, err)
+            return
+        for item in found:
+            job = Job(self.replayer.sketch_index(without_decisions(item.trace)),
+                      decisions_of(item.trace), self._seed())
+            if self._add(job, self._replay([job])[0], exclude):
+                self._transferred.append(
+                    (list(self._pool)[-1], item.same_class and item.distance <= MAX_APPLY_DISTANCE))
+
+    def _transferred_entries(self, applicable_only: bool = False) -> list[_Entry]:
+        return [self._pool[key] for key, close in self._transferred
+                if key in self._pool and (close or not applicable_only)]
+
     def _select(self, n: int, epsilon: float) -> list[Candidate]:
         ranked = sorted(self._pool.values(), key=lambda e: -e.score)
+        if self._transferred:  # transferred schedules lead the first batch
+            first = self._transferred_entries()[:n]
+            taken = {e.cand.key for e in first}
+            ranked = first + [e for e in ranked if e.cand.key not in taken]
         if self._ranked_first and self._small_pool:  # its best first (module docstring)
             small = [e for e in ranked if e.cand.key in self._small_pool]
             first = small[:int(round(self.small_pool_share * n))]

@@ -1,9 +1,12 @@
-"""The no-measurement compile: each task's schedule chosen by the cost model, nothing timed.
+"""The no-measurement compile: each task's schedule transferred or chosen by the cost
+model, nothing timed.
 
-``predict_schedules`` asks every task's search for the candidate its model (the shipped
-pre-trained one, ``cost_model="xgb-prior"``) ranks first in a pool grown within the task's
-share of the time, and records it in the work_dir's predicted schedules
-(``database.predicted``). ``ApplyDatabase`` uses a predicted schedule where the work_dir has
+``predict_schedules`` asks every task's search for its ``best_predicted`` candidate: the
+refitted best schedule of the closest alike workload tuned on a machine of this class (the
+work_dir's or the shipped library's, ``relax_tune.transfer``) where one is close enough,
+else the one its model (the shipped pre-trained one, ``cost_model="xgb-prior"``) ranks
+first in a pool grown within the task's share of the time; and records it in the work_dir's
+predicted schedules (``database.predicted``). ``ApplyDatabase`` uses a predicted schedule where the work_dir has
 no measurement of the task, so a session with a time limit also leaves the tasks it never
 reached with their predicted schedules instead of their untuned code.
 

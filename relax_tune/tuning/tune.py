@@ -15,6 +15,7 @@ from ..cost_model import make_cost_model
 from ..database import Database
 from ..dynamic.tuning import dynamic_hooks
 from ..measure import LocalBuilder, LocalRunner, Measurer
+from ..transfer import TransferSource, library_database
 from ..utils import RelaxTuneError, parse_target
 from ..work_dir import WorkDir, open_database
 from .extract import Task, extract_tasks
@@ -165,8 +166,12 @@ def _predict_only(tasks: Sequence[Task], wd: WorkDir | None, db: Database, cfg: 
 
 def _states(tasks: Sequence[Task], db: Database, cfg: TuneConfig, model, replay_pool,
             secs: float | None) -> list:
-    """Each task's state, its search given its share of ``secs`` per pool (``pool_time``)."""
-    return [init_state(i, task, db, cfg.strategy, cfg.seed, model, replay_pool, share)
+    """Each task's state, its search given its share of ``secs`` per pool (``pool_time``)
+    and, with ``cfg.transfer``, the schedules of alike workloads in ``db`` and the shipped
+    library (``relax_tune.transfer``)."""
+    transfer = TransferSource([db, library_database()], own=db) if cfg.transfer else None
+    return [init_state(i, task, db, cfg.strategy, cfg.seed, model, replay_pool, share,
+                       transfer)
             for i, (task, share) in enumerate(zip(tasks, pool_time(tasks, secs)))]
 
 

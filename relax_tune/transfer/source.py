@@ -1,0 +1,148 @@
+"""Where transferred schedules come from: the best records of alike workloads.
+
+A ``TransferSource`` indexes the workloads of some databases (the session's own, the
+library shipped with the package: ``library.py``) by structure (``similarity.py``) and
+answers, for a new workload, the best schedules of the closest alike ones, refitted to its
+shapes (``refit.py``). A record tuned for a machine of another class (another target kind,
+vector width or vector register count: ``space.params.target_params``) is a schedule for
+other registers and lanes; ``same_class_only`` leaves those out.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import tvm
+from tvm.s_tir import Trace
+
+from ..database import Database
+from ..database.records import is_baseline
+from ..space.params import target_params
+from ..utils import schedule_from_json, structural_hash
+from .refit import refit_trace
+from .similarity import Shape, shape_distance, workload_shape
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Transferred:
+    """A schedule carried over from an alike workload: its trace on the new workload
+    (sketch part, decisions fitted), how far the source's shapes were (``distance``) and
+    whether it was tuned on a machine of this one's class."""
+
+    trace: Trace
+    distance: float
+    same_class: bool
+
+
+def machine_class(target: tvm.target.Target | str | dict) -> tuple:
+    """What makes a schedule's register and vector tiles fit a machine: the target kind,
+    the SIMD width and the SIMD register count."""
+    if not isinstance(target, tvm.target.Target):
+        target = tvm.target.Target(target)
+    params = target_params(target)
+    return params.kind, params.vector_bytes, params.vector_registers
+
+
+@dataclass
+class _Entry:
+    shape: Shape
+    database: Database
+    workload: object
+    program: int
+
+
+class TransferSource:
+    """The best schedules of alike workloads in ``databases`` (see the module docstring).
+
+    Args:
+        databases: where to look, in order of preference at equal distance.
+        own: the session's database, among ``databases``: its records of a workload are
+            that task's own (its search starts from them), not a source for it.
+        per_task: alike workloads consulted per new workload (closest first).
+    """
+
+    def __init__(self, databases: list[Database], own: Database | None = None,
+                 per_task: int = 2) -> None:
+        self.databases = [db for db in databases if db is not None]
+        self.own = own
+        self.per_task = per_task
+        self._entries: list[_Entry] | None = None
+        self._sources: dict[tuple[int, tuple | None], tuple] = {}
+        self._classes: dict[str, tuple | None] = {}
+
+    def _index(self) -> list[_Entry]:
+        if self._entries is None:
+            self._entries = []
+            for db in self.databases:
+                for wl in db.get_all_workloads():
+                    try:
+                        shape = workload_shape(wl.mod)
+                    except Exception:  # noqa: BLE001 - a workload we cannot read is skipped
+                        continue
+                    if shape.extents is not None:
+                        self._entries.append(
+                            _Entry(shape, db, wl, structural_hash(wl.mod)))
+        return self._entries
+
+    def _class_of(self, target: object) -> tuple | None:
+        key = str(target)
+        if key not in self._classes:
+            try:
+                self._classes[key] = machine_class(target)
+            except Exception:  # noqa: BLE001 - a record's target we cannot parse
+                self._classes[key] = None
+        return self._classes[key]
+
+    def _source(self, index: int, here: tuple, same_class_only: bool) -> tuple:
+        """(schedule of the entry's best record on its own workload, same class) for the
+        best record of this machine's class, else (unless ``same_class_only``) of any;
+        (None, False) when there is none."""
+        key = (index, here if same_class_only else None)
+        if key not in self._sources:
+            self._sources[key] = self._find_source(self._index()[index], here, same_class_only)
+        return self._sources[key]
+
+    def _find_source(self, entry: _Entry, here: tuple, same_class_only: bool) -> tuple:
+        records = [r for r in entry.database.get_top_k(entry.workload, 8)
+                   if r.is_valid and not is_baseline(r.trace_json)]
+        ranked = [(r, True) for r in records if self._class_of(r.target) == here]
+        if not same_class_only:
+            ranked += [(r, False) for r in records if self._class_of(r.target) != here]
+        for rec, same in ranked:
+            try:
+                return schedule_from_json(entry.workload.mod, rec.trace_json), same
+            except Exception as err:  # noqa: BLE001 - a record of another space version
+                logger.debug("transfer: source record does not replay: %s", err)
+        return None, False
+
+    def find(self, mod: tvm.IRModule, target: tvm.target.Target,
+             same_class_only: bool = False) -> list[Transferred]:
+        """The best schedules of the alike workloads closest to ``mod``, refitted to it,
+        closest first; the workload itself (the same program) is not its own source."""
+        try:
+            shape = workload_shape(mod)
+        except Exception:  # noqa: BLE001 - nothing to match
+            return []
+        program = structural_hash(mod)
+        here = self._class_of(target)
+        alike = sorted((shape_distance(shape, e.shape), i)
+                       for i, e in enumerate(self._index())
+                       if e.shape.key == shape.key
+                       and not (e.database is self.own and e.program == program))
+        out: list[Transferred] = []
+        for distance, i in alike:
+            if len(out) >= self.per_task or not math.isfinite(distance):
+                break
+            source, same = self._source(i, here, same_class_only)
+            if source is None:
+                continue
+            trace, why = refit_trace(source, mod)
+            if trace is None:
+                logger.debug("transfer: %s", why)
+                continue
+            out.append(Transferred(trace, distance, same))
+        return out

@@ -1,0 +1,125 @@
+"""Schedules transferred from alike workloads (relax_tune.transfer): found, refitted, applied
+without measurement where close, measured first where tuning, and the shipped library
+replays under the current design space."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+import relax_tune as rt
+from relax_tune.database import MemoryDatabase, TuningRecord
+from relax_tune.database.records import candidate_key, is_baseline
+from relax_tune.space import space_for_target
+from relax_tune.testing.workloads import matmul_mod
+from relax_tune.transfer import (TransferSource, fit_tile, library_database,
+                                 shape_distance, workload_shape)
+from relax_tune.utils import args_info, normalize_mod, schedule_from_json, trace_to_json
+from relax_tune.work_dir import WorkDir
+
+from test_predict import CountingRunner
+
+
+@pytest.mark.parametrize("factors,extent", [([7, 1, 8, 8], 56), ([2, 4, 16], 96),
+                                            ([1, 32], 7), ([4, 4, 4, 4], 256), ([3], 10)])
+def test_fitted_tiles_multiply_to_the_new_extent_and_keep_inner_tiles(factors, extent):
+    fitted = fit_tile(factors, extent)
+    assert len(fitted) == len(factors) and int(np.prod(fitted)) == extent
+    if extent % factors[-1] == 0:
+        assert fitted[-1] == factors[-1]  # the innermost (vector) tile carries over
+
+
+def test_alike_workloads_are_the_same_computation_on_other_shapes():
+    a, b = workload_shape(matmul_mod(64)), workload_shape(matmul_mod(96))
+    assert a.key == b.key and shape_distance(a, a) == 0
+    assert 0 < shape_distance(a, b) < shape_distance(a, workload_shape(matmul_mod(512)))
+    x = te.placeholder((64, 64), "float32", name="A")
+    y = te.compute((64, 64), lambda i, j: x[i, j] * 2.0, name="C")
+    scale = normalize_mod(te.create_prim_func([x, y]))
+    assert shape_distance(a, workload_shape(scale)) == float("inf")
+
+
+def _tuned_source(target, work_dir, n=128, trials=8):
+    tasks = rt.extract_tasks(matmul_mod(n), target)
+    rt.tune_tasks(tasks, work_dir, max_trials_global=trials, num_trials_per_iter=4,
+                  transfer=False)
+    return rt.JSONDatabase(work_dir=work_dir)
+
+
+def _transferred_key(db, mod, target) -> str:
+    found = TransferSource([db]).find(mod, target)
+    assert found, "the tuned alike workload should give a transferred schedule"
+    replayed = space_for_target(target).replay(mod, found[0].trace)
+    assert replayed.ok, replayed.error
+    return candidate_key(trace_to_json(replayed.sch.trace))
+
+
+def test_no_measurement_compile_applies_the_closest_alike_schedule(target, tmp_path):
+    wd = str(tmp_path)
+    db = _tuned_source(target, wd)
+    mod = matmul_mod(96)
+    want = _transferred_key(db, mod, target)
+    runner = CountingRunner()
+    tasks = rt.extract_tasks(mod, target)
+    (report,) = rt.tune_tasks(tasks, wd, measure=False, runner=runner)
+    assert runner.calls == 0 and report.predicted
+    predicted = WorkDir(wd).open_predicted()
+    (record,) = [r for r in predicted.database.get_all_tuning_records()
+                 if r.workload.mod is not None and args_info(r.workload.mod) == tasks[0].args_info]
+    assert candidate_key(record.trace_json) == want
+    # the applied schedule computes the product
+    sch = schedule_from_json(mod, record.trace_json)
+    lib = tvm.compile(sch.mod, target)
+    a, b = np.random.rand(96, 96).astype("float32"), np.random.rand(96, 96).astype("float32")
+    c = tvm.runtime.tensor(np.zeros((96, 96), "float32"))
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+    np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_tuning_measures_the_transferred_schedule_in_the_first_batch(target, tmp_path):
+    wd = str(tmp_path)
+    db = _tuned_source(target, wd)
+    mod = matmul_mod(96)
+    want = _transferred_key(db, mod, target)
+    tasks = rt.extract_tasks(mod, target)
+    rt.tune_tasks(tasks, wd, max_trials_global=4, num_trials_per_iter=4)
+    db = rt.JSONDatabase(work_dir=wd)
+    (wl,) = [w for w in db.get_all_workloads() if args_info(w.mod) == tasks[0].args_info]
+    keys = {candidate_key(r.trace_json) for r in db.get_records(wl)
+            if not is_baseline(r.trace_json)}
+    assert want in keys
+
+
+def test_a_record_of_another_machine_class_is_not_applied_unmeasured(target, tmp_path):
+    db = _tuned_source(target, str(tmp_path))
+    (wl,) = db.get_all_workloads()
+    best = [r for r in db.get_top_k(wl, 4) if not is_baseline(r.trace_json)][0]
+    other = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})  # AVX2
+    foreign = MemoryDatabase()
+    foreign.commit_tuning_record(TuningRecord(
+        trace_json=best.trace_json, workload=foreign.commit_workload(wl.mod),
+        run_secs=best.run_secs, target=other, args_info=best.args_info))
+    mod = matmul_mod(96)
+    found = TransferSource([foreign]).find(mod, target)
+    assert found and not found[0].same_class  # it still seeds a measured search
+    assert TransferSource([foreign]).find(mod, target, same_class_only=True) == []
+    assert TransferSource([foreign]).find(mod, other)[0].same_class
+
+
+def test_the_shipped_library_replays_under_the_current_design_space(target):
+    """Every record of the library replays on its own workload: a change of the design
+    space that strands it fails here, not silently in users' sessions."""
+    lib = library_database()
+    assert lib is not None, "relax_tune/transfer/library is missing: build it with " \
+        "python -m tools.transfer_library.build_library"
+    records = lib.get_all_tuning_records()
+    assert len(records) >= 20
+    space = space_for_target(target)
+    failed = []
+    for rec in records:
+        assert rec.is_valid and not is_baseline(rec.trace_json)
+        sch = schedule_from_json(rec.workload.mod, rec.trace_json)
+        replayed = space.replay(rec.workload.mod, sch.trace)
+        if not replayed.ok:
+            failed.append(replayed.error)
+    assert not failed, failed[:3]

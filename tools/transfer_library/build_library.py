@@ -1,0 +1,139 @@
+"""Build the schedule library shipped with the package (``relax_tune/transfer/library``).
+
+    python -m tools.transfer_library.build_library --tune --seconds 240   # tune, then export
+    python -m tools.transfer_library.build_library                        # export only
+
+``--tune`` tunes each library model through the "relax_tune" pipeline for ``--seconds`` into
+``--work-root/<model>``; the export then keeps the best valid record of every workload of
+those work_dirs (baselines and failures left out) and writes them, with a ``README.md``
+naming the models, the machine and the commit, into ``relax_tune/transfer/library``.
+
+The library's models are the benchmark's model families at other shapes (images of 160
+instead of 224, transformers of other widths and lengths), so that the real-model
+benchmark measures what a user gets from schedules of *alike* workloads, not of the same
+ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+# (name in the library, benchmark model, size, transformer dims)
+LIBRARY_MODELS = [
+    ("resnet18-160", "resnet18", 160, {}),
+    ("mobilenet_v2-160", "mobilenet_v2", 160, {}),
+    ("bert-d384-seq64", "bert", 64, {"d": 384, "heads": 6, "ff": 1536}),
+    ("vit-d256-160", "vit", 160, {"d": 256, "heads": 4, "ff": 1024}),
+]
+
+
+def tune_model(name: str, family: str, size: int, dims: dict, work_dir: str,
+               seconds: float, threads: int) -> None:
+    """Tune one library model for ``seconds`` into ``work_dir`` (the pipeline's tasks)."""
+    import tvm
+    from tvm import relax
+
+    import relax_tune as rt
+    from benchmarks.real_models import make_model, set_torch_threads
+    from relax_tune.model_loader import from_torch
+
+    import torch
+    set_torch_threads(torch, threads)
+    model, inputs, desc = make_model(family, False, size, **dims)
+    loaded = from_torch(model, name, inputs)
+    target = rt.host_target()
+    start = time.perf_counter()
+    tvm.compile(loaded.mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=work_dir, max_time=seconds,
+        params=loaded.params))
+    print(f"{name} ({desc}): tuned and compiled in {time.perf_counter() - start:.0f} s",
+          flush=True)
+
+
+def export(work_dirs: dict[str, str], out_dir: str) -> tuple[int, int]:
+    """Write the best valid record of each workload of ``work_dirs`` into ``out_dir``
+    (replaced); returns (workloads, records)."""
+    from relax_tune.database import JSONDatabase, TuningRecord
+    from relax_tune.database.records import is_baseline
+    from relax_tune.utils import structural_hash
+
+    tmp = out_dir + ".new"
+    shutil.rmtree(tmp, ignore_errors=True)
+    out = JSONDatabase(work_dir=tmp)
+    seen: set[int] = set()
+    count = 0
+    for wd in work_dirs.values():
+        db = JSONDatabase(work_dir=wd)
+        for wl in db.get_all_workloads():
+            program = structural_hash(wl.mod)
+            best = [r for r in db.get_top_k(wl, 8)
+                    if r.is_valid and not is_baseline(r.trace_json)]
+            if program in seen or not best:
+                continue
+            seen.add(program)
+            rec = best[0]
+            out.commit_tuning_record(TuningRecord(
+                trace_json=rec.trace_json, workload=out.commit_workload(wl.mod),
+                run_secs=rec.run_secs, target=rec.target, args_info=rec.args_info))
+            count += 1
+    del out
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    for name in os.listdir(out_dir):  # only the two database files are shipped
+        if not name.startswith("database_"):
+            path = os.path.join(out_dir, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    return len(seen), count
+
+
+def _describe(out_dir: str, seconds: float | None, threads: int) -> None:
+    from benchmarks.real_models import cpu_model
+
+    import relax_tune as rt
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip() or "?"
+    lines = ["# The shipped schedule library", "",
+             "Made by `python -m tools.transfer_library.build_library"
+             + (f" --tune --seconds {seconds:g}" if seconds else "") + "` at commit "
+             f"{commit}, on {cpu_model()} (target `{rt.host_target()}`), {threads} threads.",
+             "", "Models (the benchmark's families at other shapes):", ""]
+    lines += [f"- `{name}`: {family}, size {size}" + (f", {dims}" if dims else "")
+              for name, family, size, dims in LIBRARY_MODELS]
+    with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tune", action="store_true", help="tune the models first")
+    parser.add_argument("--seconds", type=float, default=240.0, help="tuning time per model")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--work-root", default="transfer-library-work")
+    parser.add_argument("--models", nargs="*", default=[m[0] for m in LIBRARY_MODELS])
+    args = parser.parse_args(argv)
+    from relax_tune.transfer import LIBRARY_DIR
+
+    work_dirs = {name: os.path.join(args.work_root, name) for name in args.models}
+    if args.tune:
+        os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
+        for name, family, size, dims in LIBRARY_MODELS:
+            if name in args.models:
+                tune_model(name, family, size, dims, work_dirs[name], args.seconds,
+                           args.threads)
+    missing = [wd for wd in work_dirs.values() if not os.path.isdir(wd)]
+    if missing:
+        print(f"no work_dir {missing[0]!r}: run with --tune first", file=sys.stderr)
+        return 1
+    workloads, records = export(work_dirs, LIBRARY_DIR)
+    _describe(LIBRARY_DIR, args.seconds if args.tune else None, args.threads)
+    print(f"{LIBRARY_DIR}: {records} records of {workloads} workloads")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
