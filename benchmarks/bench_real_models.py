@@ -253,21 +253,25 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     if prior_budgets:
         relax_tune_rows("xgb-prior", prior_budgets, "relax_tune(prior)")
 
-    for secs in args.seconds:
+    by_time = [(secs, True) for secs in args.seconds] + \
+        [(secs, False) for secs in args.no_transfer_seconds]
+    for secs, transfer in by_time:
         # the user's knob: a time budget, the whole compile timed; 0 = nothing measured
-        wd = os.path.join(root, f"{name}-rt-{secs:g}s{direct}")
+        tag = "" if transfer else ",no-transfer"
+        wd = os.path.join(root, f"{name}-rt-{secs:g}s{direct}{tag.replace(',', '-')}")
         what = "no measurement (measure=False)" if secs == 0 else f"max_time {secs:g} s"
-        log(f"{name}: relax_tune, {what}, fresh work_dir")
+        log(f"{name}: relax_tune, {what}{tag}, fresh work_dir")
         start = time.perf_counter()
         try:
             kw = {"measure": False} if secs == 0 else {"max_time": secs}
+            kw["transfer"] = transfer
             ex = relax_tune_compile(wd, None, **kw)
             wall = time.perf_counter() - start
             done = measured_trials(wd, tasks)
-            rows.append(tvm_row(f"relax_tune({secs:g}s)", f"{done}", ex, inputs_np, wall))
+            rows.append(tvm_row(f"relax_tune({secs:g}s{tag})", f"{done}", ex, inputs_np, wall))
             log(f"  {wall:.0f} s whole compile, {done} trials")
         except Exception as err:
-            rows.append(Row(f"relax_tune({secs:g}s)", "?", None,
+            rows.append(Row(f"relax_tune({secs:g}s{tag})", "?", None,
                             tune_secs=time.perf_counter() - start,
                             error=f"{type(err).__name__}: {err}"))
             log(f"!!! {name}: relax_tune at {secs:g} s failed: {err}")
@@ -400,6 +404,9 @@ def main() -> int:
                         help="relax_tune rows by time budget (max_time, no trial limit), each "
                              "in a fresh work_dir; 0 is the no-measurement compile "
                              "(measure=False), e.g. --seconds 0 30 60 120 300")
+    parser.add_argument("--no-transfer-seconds", nargs="*", type=float, default=[],
+                        help="as --seconds, with transfer=False (no schedule of an alike "
+                             "workload, no shipped library): what transfer adds")
     parser.add_argument("--max-time-trials", type=int, default=100_000,
                         help="trial budget of the --max-time row (large: the time binds)")
     parser.add_argument("--fresh", action="store_true",
@@ -448,7 +455,8 @@ def main() -> int:
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if args.trials_per_task is None:
-        args.trials_per_task = [] if args.trials or args.seconds else [1, 8, 32]
+        args.trials_per_task = [] if args.trials or args.seconds or args.no_transfer_seconds \
+            else [1, 8, 32]
 
     threads = args.threads or len(os.sched_getaffinity(0))
     os.environ["TVM_NUM_THREADS"] = str(threads)  # before tvm is imported (and its workers)
