@@ -47,13 +47,37 @@ def parse_target(target: Any = None) -> tvm.target.Target:
         return target
     if isinstance(target, (str, dict)):
         try:
-            return tvm.target.Target(target)
+            parsed = tvm.target.Target(target)
         except Exception as err:  # TVM raises ValueError/TVMError with a long message
             raise RelaxTuneError(
                 f"{target!r} is not a TVM target ({error_line(err)}); use e.g. "
                 "'llvm' or {'kind': 'llvm', 'mcpu': 'znver3', 'num-cores': 2}"
             ) from None
+        check_llvm_cpu(parsed)
+        return parsed
     raise RelaxTuneError(f"{target!r} (a {type(target).__name__}) is not a TVM target")
+
+
+def check_llvm_cpu(target: tvm.target.Target) -> None:
+    """RelaxTuneError when an llvm target's ``mcpu`` is no CPU LLVM knows for its triple:
+    LLVM would print errors, compile for a generic CPU instead and every timing would be of
+    code the user did not ask for."""
+    if target.kind.name != "llvm":
+        return
+    cpu = str(target.attrs.get("mcpu", "") or "")
+    if not cpu or cpu == "native":
+        return
+    from tvm.target import codegen
+
+    triple = str(target.attrs.get("mtriple", "") or "") or codegen.llvm_get_system_triple()
+    try:
+        valid = bool(codegen.llvm_is_valid_cpu(cpu, triple))
+    except Exception:  # an LLVM without the query, or a triple it has no backend for
+        return
+    if not valid:
+        host = codegen.llvm_get_system_cpu()
+        raise RelaxTuneError(f"target mcpu {cpu!r} is not a CPU LLVM knows for {triple}: give "
+                             f"one it does (this machine: {host!r}) or leave mcpu out")
 
 
 def target_config(target: tvm.target.Target) -> dict:
