@@ -13,7 +13,7 @@ from typing import Any
 from ..paths import check_output_file
 from ..utils import RelaxTuneError, error_line, host_target, parse_target
 from ..work_dir import WorkDir
-from .interrupt import stop_on_next_interrupt
+from .interrupt import EXIT_INTERRUPTED, handle_interrupts
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ def _tune(args: argparse.Namespace) -> int:
 
     config = _tune_config(args)
     work_dir = WorkDir.of(args.work_dir)
+    work_dir.check_writable()  # before the model is loaded
     target = parse_target(_target_arg(args.target))
     model = load_model(args.model, parse_shape_dict(args.input_shape))
     tasks = extract_tasks(model.lowered(target), target, op_names=config.op_names,
@@ -117,10 +118,9 @@ def _tune(args: argparse.Namespace) -> int:
     try:
         reports = tune_tasks(tasks, work_dir, config, runner=runner)
     except KeyboardInterrupt:
-        stop_on_next_interrupt()  # the workers' shutdown must not print tracebacks
         print(f"\nrelax-tune: interrupted; every measured trial is kept in {args.work_dir}: "
               "run the same command again to resume", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         if runner is not None:
             runner.shutdown()
@@ -479,16 +479,17 @@ def main(argv: list[str] | None = None) -> int:
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > handler.level:
         root.setLevel(handler.level)
+    restore_interrupts = handle_interrupts()
     try:
         return args.func(args)
     except RelaxTuneError as err:
         print(f"relax-tune: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # outside tuning (loading, compiling): nothing to keep
-        stop_on_next_interrupt()
         print("\nrelax-tune: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
+        restore_interrupts()
         root.removeHandler(handler)
 
 
