@@ -86,6 +86,7 @@ class Setup:
         self.tmp = tmp
         self.wd = make_work_dir(os.path.join(tmp, "wd"))
         self.raises = self._file("raises.py", "def model():\n    raise ValueError('boom')\n")
+        self.good = self._file("good.py", "from relax_tune.demo import demo_model as model\n")
         self.syntax = self._file("syntax.py", "def model(:\n    pass\n")
         self.empty_onnx = self._file("empty.onnx", "")
         os.makedirs(os.path.join(tmp, "dir.onnx"))
@@ -148,7 +149,7 @@ CLI_CASES = [
      lambda s: ["compile", DEMO, "--work-dir", s.wd, "-o", os.path.join(s.a_file, "m.so")], 2,
      "is a file, not a folder"),
     ("compile over the model",
-     lambda s: ["compile", f"{s.raises}:model", "--work-dir", s.wd, "-o", s.raises], 2,
+     lambda s: ["compile", f"{s.good}:model", "--work-dir", s.wd, "-o", s.good], 2,
      "would be overwritten"),
     ("compile over the record file",
      lambda s: ["compile", DEMO, "--work-dir", s.wd, "-o",
@@ -396,8 +397,18 @@ def record_lines(draw) -> str:
     """A record line: JSON of any shape, a near-valid record with one part replaced, raw
     text or bytes, with or without its newline."""
     trace = [[["GetBlock", [], ["C", "main"], ["b0"]]], []]
-    kind = draw(st.sampled_from(["record", "json", "text"]))
-    if kind == "record":
+    kind = draw(st.sampled_from(["near", "near", "record", "json", "text"]))
+    if kind == "near":  # a good record of workload 0 with one part replaced
+        value = [0, [BASELINE_TRACE, [1e-6], {"kind": "llvm"}, ARGS16]]
+        part = draw(st.sampled_from(["index", "trace", "secs", "target", "args"]))
+        if part == "index":
+            value[0] = draw(_JSON)
+        else:
+            where = ["trace", "secs", "target", "args"].index(part)
+            value[1][where] = draw({"trace": _JSON, "secs": _SECS, "target": _JSON,
+                                    "args": _ARGS}[part])
+        text = json.dumps(value)
+    elif kind == "record":
         index = draw(st.one_of(st.integers(-2, 3), _JSON))
         value = [index, [draw(st.one_of(st.just(trace), st.just(BASELINE_TRACE), _JSON)),
                          draw(_SECS), draw(st.one_of(st.none(), st.just({"kind": "llvm"}),
