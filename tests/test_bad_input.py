@@ -435,7 +435,7 @@ def _other_workload():
     return matmul_mod(8)
 
 
-@settings(max_examples=100, deadline=None,
+@settings(max_examples=100, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(record_lines(), max_size=8),
        workload_junk=st.lists(st.text(max_size=30), max_size=2))
