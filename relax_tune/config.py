@@ -10,6 +10,7 @@ user's mistake never turns into a silently untuned model.
 from __future__ import annotations
 
 import difflib
+import math
 import numbers
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -35,7 +36,9 @@ class TuneConfig:
     num_trials_per_iter: candidates per batch (>= 1).
     max_time: wall-clock limit in seconds for the whole session, untuned baselines and
         searches included (None: none); the batch in flight finishes. With ``max_time``
-        and no trial budget given, the time is the only limit.
+        and no trial budget given, the time is the only limit. A limit is a positive,
+        finite number: NaN, infinity, zero and negative seconds are refused (leave it out
+        for no limit; ``measure=False`` times nothing).
     measure: False compiles without timing anything: each task that tiles for reuse gets
         the schedule the pre-trained model ranks first (``tuning.predict``; the
         no-measurement compile, seconds per model), the others keep their untuned code.
@@ -107,7 +110,7 @@ class TuneConfig:
             _check_int("max_trials_per_task", self.max_trials_per_task, minimum=0)
         _check_int("num_trials_per_iter", self.num_trials_per_iter, minimum=1)
         if self.max_time is not None:
-            _check_number("max_time", self.max_time, minimum=0)
+            check_max_time(self.max_time)
         if self.op_names is not None:
             if isinstance(self.op_names, str) or not all(
                     isinstance(n, str) for n in self.op_names):
@@ -182,6 +185,18 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
         raise RelaxTuneError(f"{name} must be an integer, not {value!r}")
     if value < minimum:
         raise RelaxTuneError(f"{name} must be >= {minimum}, not {value}")
+
+
+def check_max_time(value: Any, name: str = "max_time") -> None:
+    """Refuse a time limit that is not a positive, finite number of seconds (NaN compares
+    false with every bound, so it would be no limit at all; infinity and <= 0 are no limit
+    or no tuning), naming ``name`` and what to give instead."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RelaxTuneError(f"{name} must be a number of seconds, not {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise RelaxTuneError(f"{name} must be a positive, finite number of seconds, not "
+                             f"{value}: leave it out for no time limit (measure=False / "
+                             "relax-tune compile --predict times nothing)")
 
 
 def _check_number(name: str, value: Any, minimum: float, maximum: float | None = None) -> None:

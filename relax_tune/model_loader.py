@@ -86,6 +86,9 @@ def load_model(spec: str, shape_dict: Mapping[str, list[int]] | None = None) -> 
     spec = spec.strip()
     if spec.lower().endswith(".onnx"):
         return load_onnx(spec, shape_dict)
+    if shape_dict:
+        raise RelaxTuneError(f"--input-shape fixes the inputs of ONNX models only; {spec!r} is "
+                             "not one: leave it out (give the shapes in the model itself)")
     if spec.lower().endswith(".pt2"):
         return load_torch_export(spec)
     path, sep, func_name = spec.rpartition(":")
@@ -99,8 +102,7 @@ def load_model(spec: str, shape_dict: Mapping[str, list[int]] | None = None) -> 
 
 def load_onnx(path: str, shape_dict: Mapping[str, list[int]] | None = None) -> LoadedModel:
     """Import an ONNX file with ``tvm.relax.frontend.onnx`` (weights bound as constants)."""
-    if not os.path.isfile(path):
-        raise RelaxTuneError(f"ONNX model {path!r} does not exist: check the path")
+    _check_model_file(path, "ONNX model")
     try:
         import onnx
     except ImportError:
@@ -113,6 +115,10 @@ def load_onnx(path: str, shape_dict: Mapping[str, list[int]] | None = None) -> L
     except Exception as err:  # protobuf DecodeError, OSError, ...
         raise RelaxTuneError(f"{path!r} is not a readable ONNX model ({_first_line(err)})") \
             from None
+    if not model.graph.node and not model.ir_version:
+        raise RelaxTuneError(f"{path!r} is not an ONNX model (no graph, no IR version): save "
+                             "one with torch.onnx.export or onnx.save")
+    _check_input_names(model, path, shape_dict)
     try:
         mod = from_onnx(model, shape_dict=dict(shape_dict) if shape_dict else None)
     except Exception as err:  # unsupported operators, bad shapes, ...
@@ -125,8 +131,7 @@ def load_onnx(path: str, shape_dict: Mapping[str, list[int]] | None = None) -> L
 def load_torch_export(path: str) -> LoadedModel:
     """Load a ``torch.export.save`` archive (``model.pt2``) and import it with
     ``from_torch``."""
-    if not os.path.isfile(path):
-        raise RelaxTuneError(f"PyTorch model {path!r} does not exist: check the path")
+    _check_model_file(path, "PyTorch model")
     torch = _import_torch(path)
     # torch logs the real error with a traceback, then raises a vaguer one: keep the former
     with _log_errors_caught("torch.export") as logged:
@@ -200,7 +205,12 @@ def load_python(path: str, func_name: str, spec: str | None = None) -> LoadedMod
                              "it in one that passes them") from None
     except ValueError:  # no signature (a builtin): just call it
         pass
-    result = func()
+    try:
+        result = func()
+    except Exception as err:  # the user's function failed: say where, not how TVM saw it
+        raise RelaxTuneError(f"model function {spec} raised {type(err).__name__}: "
+                             f"{_first_line(err)}; fix it so that it returns the model") \
+            from None
     params: Any = None
     if isinstance(result, tuple):
         if len(result) != 2:
@@ -227,6 +237,30 @@ def parse_shape_dict(items: list[str] | None) -> dict[str, list[int]]:
     return out
 
 
+def _check_model_file(path: str, what: str) -> None:
+    """RelaxTuneError unless ``path`` is a readable, non-empty file."""
+    if os.path.isdir(path):
+        raise RelaxTuneError(f"{what} {path!r} is a folder, not a file: give the model file")
+    if not os.path.isfile(path):
+        raise RelaxTuneError(f"{what} {path!r} does not exist: check the path")
+    if os.path.getsize(path) == 0:
+        raise RelaxTuneError(f"{what} {path!r} is an empty file: export the model again")
+
+
+def _check_input_names(model: Any, path: str, shape_dict: Mapping | None) -> None:
+    """Every ``--input-shape`` name must be an input of the ONNX graph (a misspelt one would
+    be dropped without a word, and symbolic shapes tuned instead)."""
+    if not shape_dict:
+        return
+    inits = {init.name for init in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in inits]
+    unknown = [name for name in shape_dict if name not in inputs]
+    if unknown:
+        raise RelaxTuneError(f"--input-shape names {', '.join(map(repr, unknown))}, which "
+                             f"{'is' if len(unknown) == 1 else 'are'} not an input of {path!r}; "
+                             f"its inputs: {', '.join(inputs) or 'none'}")
+
+
 def _import(path: str, spec: str):
     if path.endswith(".py"):
         if not os.path.isfile(path):
@@ -241,10 +275,18 @@ def _import(path: str, spec: str):
         try:
             module_spec.loader.exec_module(module)
         except ModuleNotFoundError as err:
-            if err.name != "torch":
-                raise
-            raise RelaxTuneError(f"{path!r} imports torch, which is not installed: "
-                                 "pip install 'relax_tune[torch]'") from None
+            if err.name == "torch":
+                raise RelaxTuneError(f"{path!r} imports torch, which is not installed: "
+                                     "pip install 'relax_tune[torch]'") from None
+            raise RelaxTuneError(f"{path!r} imports {err.name!r}, which is not installed "
+                                 f"(model {spec!r})") from None
+        except SyntaxError as err:
+            raise RelaxTuneError(f"{path!r}, line {err.lineno}: {err.msg} (model {spec!r}): "
+                                 "fix the file") from None
+        except Exception as err:  # the file raised while it was imported
+            raise RelaxTuneError(f"importing {path!r} raised {type(err).__name__}: "
+                                 f"{_first_line(err)} (model {spec!r}): fix the file") \
+                from None
         finally:
             sys.path.pop(0)
         return module
@@ -253,6 +295,9 @@ def _import(path: str, spec: str):
     except ImportError as err:
         raise RelaxTuneError(f"cannot import module {path!r} of model {spec!r} ({err}); give "
                              "a file.py:function path or an importable module") from None
+    except Exception as err:  # the module raised while it was imported
+        raise RelaxTuneError(f"importing module {path!r} raised {type(err).__name__}: "
+                             f"{_first_line(err)} (model {spec!r})") from None
 
 
 _EXPECTED = ("return a tvm.IRModule, (IRModule, params), a torch.export.ExportedProgram or "

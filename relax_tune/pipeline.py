@@ -3,6 +3,8 @@ applied, then TVM's backend passes; registered as ``relax.get_pipeline("relax_tu
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Sequence
 
 import tvm
@@ -14,6 +16,8 @@ from .transform import ApplyDatabase, TuneIRMod
 from .utils import RelaxTuneError, parse_target
 from .work_dir import WorkDir
 
+logger = logging.getLogger("relax_tune.pipeline")
+
 
 def _without_transform_params(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` minus the lifted ``*_transform_params`` functions: their kernels run once per
@@ -22,7 +26,11 @@ def _without_transform_params(mod: tvm.IRModule) -> tvm.IRModule:
                          if not gv.name_hint.endswith("_transform_params")})
 
 
-def relax_tune_pipeline(target=None, work_dir: "WorkDir | str" = "relax_tune_work",
+DEFAULT_WORK_DIR = "relax_tune_work"
+"""Where the pipeline keeps its records when it is given no ``work_dir`` (with a warning)."""
+
+
+def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
                         max_trials_global: int | None = None,
                         max_trials_per_task: int | None = None,
                         op_names: Sequence[str] | None = None, params: dict | None = None,
@@ -89,9 +97,18 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str" = "relax_tune_wor
                              "time) or lift_transform_params=True (prepack in "
                              "<func>_transform_params)")
 
-    work_dir = WorkDir.of(work_dir)  # checked once, here, before any work
+    assumed = work_dir is None
+    work_dir = WorkDir.of(DEFAULT_WORK_DIR if assumed else work_dir)  # checked once, here
     tuner = TuneIRMod(work_dir=work_dir, config=config, max_trials_global=max_trials_global,
                       max_trials_per_task=max_trials_per_task, op_names=op_names, **options)
+    if assumed:
+        cfg = tuner.config
+        budget = ("measures nothing" if not cfg.measure else
+                  f"tunes for {cfg.max_time:g} s" if cfg.max_time is not None else
+                  f"tunes {cfg.trial_budget} trials")
+        logger.warning("relax_tune pipeline: no work_dir given, so it %s into %s and reuses "
+                       "the records there: pass work_dir=... to choose where (and max_time=... "
+                       "to set the budget)", budget, os.path.abspath(str(work_dir)))
 
     @tvm.transform.module_pass(opt_level=0, name="relax_tune.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:

@@ -37,6 +37,7 @@ from tvm.s_tir import analysis as s_analysis
 from .database import Database, TuningRecord, Workload, is_baseline
 from .tuning.state import AppliedLatency
 from .tuning.timeline import curve_at, model_curve, read_timeline
+from .paths import ensure_output_dir
 from .utils import target_compatible
 from .work_dir import WorkDir
 
@@ -474,7 +475,8 @@ def write_report(work_dir: WorkDir | str, out_dir: str | None = None,
     summaries = summarize(wd.open_existing(), wd.read_task_meta() if meta is None else meta,
                           target)
     out_dir = out_dir or wd.file("report")
-    os.makedirs(out_dir, exist_ok=True)
+    ensure_output_dir(out_dir, "the report folder",
+                      "give another folder for the report (relax-tune report -o DIR)")
     curve = model_curve(read_timeline(wd.timeline_file))
     plots = plot_model_curve(curve, out_dir) + plot_curves(summaries, out_dir)
     names = {os.path.basename(p) for p in plots}

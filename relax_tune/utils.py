@@ -3,6 +3,7 @@ structural hashing, and plain-JSON traces."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -46,14 +47,51 @@ def parse_target(target: Any = None) -> tvm.target.Target:
     if isinstance(target, tvm.target.Target):
         return target
     if isinstance(target, (str, dict)):
+        if isinstance(target, dict) and target.get("kind") == "llvm":
+            # before TVM makes it: for some triples making it asks LLVM, which prints errors
+            check_llvm_cpu(target.get("mcpu"), target.get("mtriple"))
         try:
-            return tvm.target.Target(target)
+            parsed = tvm.target.Target(target)
         except Exception as err:  # TVM raises ValueError/TVMError with a long message
             raise RelaxTuneError(
                 f"{target!r} is not a TVM target ({error_line(err)}); use e.g. "
                 "'llvm' or {'kind': 'llvm', 'mcpu': 'znver3', 'num-cores': 2}"
             ) from None
+        if parsed.kind.name == "llvm":
+            check_llvm_cpu(parsed.attrs.get("mcpu"), parsed.attrs.get("mtriple"))
+        return parsed
     raise RelaxTuneError(f"{target!r} (a {type(target).__name__}) is not a TVM target")
+
+
+@functools.lru_cache(maxsize=16)
+def _llvm_cpus(triple: str) -> frozenset[str]:
+    """The CPU names LLVM knows for ``triple`` (empty when it has no backend for it)."""
+    from tvm.target import codegen
+
+    if triple.split("-")[0] not in set(codegen.llvm_get_targets()):
+        return frozenset()  # asking LLVM about a triple it cannot build for crashes it
+    target = tvm.target.Target({"kind": "llvm", "mtriple": triple})
+    return frozenset(str(cpu) for cpu in codegen.llvm_get_cpu_archlist(target))
+
+
+def check_llvm_cpu(mcpu: Any, mtriple: Any = None) -> None:
+    """RelaxTuneError when an llvm target's ``mcpu`` is no CPU LLVM knows for its triple
+    (``mtriple``, else this machine's): LLVM would print errors, compile for a generic CPU
+    instead and every timing would be of code the user did not ask for."""
+    cpu = str(mcpu or "")
+    if not cpu or cpu == "native":
+        return
+    from tvm.target import codegen
+
+    triple = str(mtriple or "") or codegen.llvm_get_system_triple()
+    try:
+        cpus = _llvm_cpus(str(triple))
+    except Exception:  # an LLVM without these queries: nothing to check against
+        return
+    if cpus and cpu not in cpus:
+        host = codegen.llvm_get_system_cpu()
+        raise RelaxTuneError(f"target mcpu {cpu!r} is not a CPU LLVM knows for {triple}: give "
+                             f"one it does (this machine: {host!r}) or leave mcpu out")
 
 
 def target_config(target: tvm.target.Target) -> dict:

@@ -120,6 +120,26 @@ class WorkDir:
         """Whether the work_dir holds a tuning database."""
         return os.path.isfile(self.workload_file)
 
+    def own_files(self) -> list[str]:
+        """The files the work_dir keeps (database, predicted schedules, tasks.json, dispatch
+        ranking and plan): no command may write its output over one of them."""
+        predicted = [os.path.join(self.predicted_dir, name)
+                     for name in (WORKLOAD_FILE, TUNING_RECORD_FILE)]
+        return [self.workload_file, self.record_file, *predicted,
+                *(self.file(name) for name in (TASK_META_FILE, RANKING_FILE, PLAN_FILE))]
+
+    def check_writable(self) -> None:
+        """RelaxTuneError when tuning could not write here: the folder or one of its database
+        files is read-only (checked before any work, so nothing is measured for nothing)."""
+        if os.path.isdir(self.path) and not os.access(self.path, os.W_OK | os.X_OK):
+            raise RelaxTuneError(f"work_dir {self.path!r} is read-only: tune into a folder "
+                                 "you can write to (copy this one there to resume it)")
+        for path in (self.workload_file, self.record_file):
+            if os.path.exists(path) and not os.access(path, os.W_OK):
+                raise RelaxTuneError(f"database file {path!r} is read-only: make it writable "
+                                     "or tune into another work_dir (copy this one there to "
+                                     "resume it)")
+
     # ---------------------------------------------------------------- databases
     def open_database(self) -> JSONDatabase:
         """The database tuning writes to (created when missing)."""

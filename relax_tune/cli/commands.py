@@ -10,8 +10,10 @@ import sys
 import time
 from typing import Any
 
-from ..utils import RelaxTuneError, host_target, parse_target
+from ..paths import check_output_file
+from ..utils import RelaxTuneError, error_line, host_target, parse_target
 from ..work_dir import WorkDir
+from .interrupt import EXIT_INTERRUPTED, handle_interrupts
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +38,12 @@ def _target_arg(text: str | None):
             raise RelaxTuneError(f"--target {text!r} is not valid JSON ({err.msg}); write e.g. "
                                  "'{\"kind\": \"llvm\", \"num-cores\": 2}'") from None
     return text
+
+
+def _model_file(spec: str) -> str:
+    """The file a model spec reads (``file.py`` of ``file.py:function``)."""
+    path, sep, _ = spec.rpartition(":")
+    return path if sep and path.endswith(".py") else spec
 
 
 def _split_names(values: list[str] | None) -> list[str] | None:
@@ -63,8 +71,10 @@ def _dynamic_hints(args: argparse.Namespace):
 
 def _tune_config(args: argparse.Namespace):
     """The tuning session the command line asks for (``relax_tune.TuneConfig``)."""
-    from ..config import make_config
+    from ..config import check_max_time, make_config
 
+    if args.max_time is not None:
+        check_max_time(args.max_time, "--max-time")
     wanted = {"max_trials_global": args.trials, "max_trials_per_task": args.trials_per_task,
               "max_time": args.max_time, "task_scheduler": args.scheduler,
               "num_trials_per_iter": args.trials_per_iter, "strategy": args.strategy,
@@ -89,6 +99,7 @@ def _tune(args: argparse.Namespace) -> int:
 
     config = _tune_config(args)
     work_dir = WorkDir.of(args.work_dir)
+    work_dir.check_writable()  # before the model is loaded
     target = parse_target(_target_arg(args.target))
     model = load_model(args.model, parse_shape_dict(args.input_shape))
     tasks = extract_tasks(model.lowered(target), target, op_names=config.op_names,
@@ -110,7 +121,7 @@ def _tune(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\nrelax-tune: interrupted; every measured trial is kept in {args.work_dir}: "
               "run the same command again to resume", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         if runner is not None:
             runner.shutdown()
@@ -144,6 +155,9 @@ def _compile(args: argparse.Namespace) -> int:
                              f"for {triple}: install a cross compiler (Debian: apt-get install "
                              f"gcc-{triple}) or write an archive the device links (-o model.tar)")
     work_dir = WorkDir.of(args.work_dir)
+    check_output_file(args.output, "the library -o",
+                      [*work_dir.own_files(), _model_file(args.model)],
+                      f"the model or a file of the work dir {args.work_dir!r}")
     model = load_model(args.model, parse_shape_dict(args.input_shape))
     hints = _dynamic_hints(args)
     tasks = extract_tasks(model.lowered(target), target, shape_hints=hints)
@@ -166,8 +180,11 @@ def _compile(args: argparse.Namespace) -> int:
                                       shape_hints=hints)
     ex = tvm.compile(model.mod, target, relax_pipeline=pipeline)
     out = os.path.abspath(args.output)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    cross.export(ex, out, mode)
+    try:
+        cross.export(ex, out, mode)
+    except Exception as err:  # the linker's or the file system's complaint: one line
+        raise RelaxTuneError(f"cannot write the library {args.output!r} ({error_line(err)}): "
+                             "write to another file or folder") from None
     print(f"relax-tune: wrote {args.output}; tuned schedules for {tuned} of {len(tasks)} "
           f"tasks" + (f", predicted ones for {guessed}" if guessed else "")
           + ", the others keep their untuned code (no record, or none faster)")
@@ -218,6 +235,8 @@ def _db_prune(args: argparse.Namespace) -> int:
     from .db_tools import prune_database
 
     work_dir, output = WorkDir.of(args.work_dir), WorkDir.of(args.output)
+    if args.top_k < 1:  # before the output work_dir is made
+        raise RelaxTuneError(f"--top-k must be at least 1, not {args.top_k}")
     if os.path.abspath(output.path) == os.path.abspath(work_dir.path):
         raise RelaxTuneError("prune writes a new work_dir: give -o a directory other than "
                              f"{args.work_dir!r} (the source is never modified)")
@@ -238,6 +257,8 @@ def _db_export(args: argparse.Namespace) -> int:
     from .db_tools import export_database
 
     work_dir = WorkDir.of(args.work_dir)
+    check_output_file(args.output, "the export file -o", work_dir.own_files(),
+                      f"a file of the work dir {args.work_dir!r}")
     fmt = args.format or ("csv" if args.output.lower().endswith(".csv") else "json")
     n = export_database(work_dir.open_existing(), args.output, fmt, work_dir.read_task_meta())
     what = "workloads (best schedule each)" if fmt == "json" else "records"
@@ -257,8 +278,13 @@ def _report(args: argparse.Namespace) -> int:
         target = parse_target(_target_arg(args.target))
         meta = task_meta_from_tasks(extract_tasks(load_model(args.model).lowered(target),
                                                   target))
-    files = write_report(WorkDir.of(args.work_dir), args.output, meta=meta, target=_db_target(args)
-                         if args.target and not args.model else None, html_too=args.html)
+    try:
+        files = write_report(WorkDir.of(args.work_dir), args.output, meta=meta,
+                             target=_db_target(args) if args.target and not args.model
+                             else None, html_too=args.html)
+    except OSError as err:  # a file of the report that cannot be written
+        raise RelaxTuneError(f"cannot write the report ({err.strerror or err}: "
+                             f"{err.filename}): give another folder with -o") from None
     from ..report import curve_lines
 
     for line in curve_lines(files.curve):
@@ -462,12 +488,17 @@ def main(argv: list[str] | None = None) -> int:
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > handler.level:
         root.setLevel(handler.level)
+    restore_interrupts = handle_interrupts()
     try:
         return args.func(args)
     except RelaxTuneError as err:
         print(f"relax-tune: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outside tuning (loading, compiling): nothing to keep
+        print("\nrelax-tune: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
+        restore_interrupts()
         root.removeHandler(handler)
 
 

@@ -20,6 +20,7 @@ from tvm import tirx
 from ..utils import RelaxTuneError, normalize_mod, target_compatible
 from .base import Database, query_target_config, rank
 from .records import TuningRecord, Workload
+from .validate import check_args_info, workload_args
 
 
 def try_normalize(mod: tvm.IRModule) -> tvm.IRModule:
@@ -45,6 +46,7 @@ class IndexedDatabase(Database):
         self._records: list[TuningRecord] = []
         self._group_records: dict[int, list[TuningRecord]] = {}
         self._ranked: dict[int, list[TuningRecord]] = {}  # group -> valid records, best first
+        self._args: dict[int, list | None] = {}  # workload index -> its arguments (validate)
 
     # ------------------------------------------------------------------ persistence hooks
     def _write_workload(self, workload: Workload, index: int) -> None:
@@ -87,6 +89,15 @@ class IndexedDatabase(Database):
         self._by_hash.setdefault(workload.shash, []).append(index)
         self._index_of[id(workload)] = index
         return index
+
+    def _check_args(self, record: TuningRecord, index: int) -> None:
+        """RelaxTuneError unless ``record``'s arguments are those of the workload at
+        ``index`` (``validate.check_args_info``)."""
+        if record.args_info is None:
+            return
+        if index not in self._args:
+            self._args[index] = workload_args(self._workloads[index].mod)  # type: ignore
+        check_args_info(record.args_info, self._args[index])
 
     def _add_record(self, record: TuningRecord, index: int) -> None:
         group = self._group[index]
@@ -140,12 +151,14 @@ class IndexedDatabase(Database):
 
     def commit_tuning_record(self, record: TuningRecord) -> None:
         """Store ``record`` against the workload with exactly its module, adding that workload
-        when missing; the stored record refers to this database's Workload object."""
+        when missing; the stored record refers to this database's Workload object.
+        RelaxTuneError when its ``args_info`` are not that workload's arguments."""
         index = self._index_for(record.workload)
         if index is None:
             mod = try_normalize(record.workload.mod)
             index = self._new_workload(mod, self._equality.hash(mod))
         workload = self._workloads[index]
+        self._check_args(record, index)
         if workload is not record.workload:
             record = TuningRecord(record.trace_json, workload, record.run_secs,  # type: ignore
                                   record.target_config, record.args_info)

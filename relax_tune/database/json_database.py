@@ -148,6 +148,8 @@ class JSONDatabase(IndexedDatabase):
         self._offset: dict[str, int] = {}  # bytes of each file consumed so far
         self._lines: dict[str, int] = {}  # lines of each file consumed so far
         self._torn: dict[str, bool] = {}  # whether the last consumed line lacks its newline
+        # records filed under workload indices the workload file lacks: index -> count
+        self._orphans: dict[int, int] = {}
         for path in (self.path_workload, self.path_tuning_record):
             self._open(path, allow_missing)
             self._offset[path], self._lines[path], self._torn[path] = 0, 0, False
@@ -249,6 +251,14 @@ class JSONDatabase(IndexedDatabase):
         self._torn[path] = False
 
     def _write_workload(self, workload: Workload, index: int) -> None:
+        if self._orphans and index <= max(self._orphans):
+            low, high = min(self._orphans) + 1, max(self._orphans) + 1
+            lines = f"line {low}" if low == high else f"lines {low}-{high}"
+            raise RelaxTuneError(
+                f"{self.path_tuning_record} holds {sum(self._orphans.values())} records of "
+                f"workload {lines} of {self.path_workload}, which it lacks (emptied or cut "
+                "short?): a new workload would take their place and their times. Restore the "
+                "workload file, or tune into another work_dir")
         self._append(self.path_workload, workload.as_json())
 
     def _write_record(self, record: TuningRecord, index: int) -> None:
@@ -355,6 +365,8 @@ class JSONDatabase(IndexedDatabase):
                     raise RelaxTuneError("a record line must be [workload_index, record]")
                 index = value[0]
                 if not 0 <= index < n_workloads:
+                    if index >= n_workloads:
+                        self._orphans[index] = self._orphans.get(index, 0) + 1
                     raise RelaxTuneError(f"workload index {index} is not a line of "
                                          f"{self.path_workload} ({n_workloads} lines)")
                 workload = self._workloads[index]
@@ -362,6 +374,7 @@ class JSONDatabase(IndexedDatabase):
                     raise RelaxTuneError(f"its workload (line {index + 1} of "
                                          f"{self.path_workload}) was skipped")
                 record = self._parse_record(value[1], workload, checked)
+                self._check_args(record, index)
             except Exception as err:  # untrusted data: any failure skips the line
                 self._warn(path, lineno, "tuning record", err, count)
                 continue

@@ -37,6 +37,8 @@ from ..utils import (
     trace_to_json,
 )
 
+from .validate import MIN_RUN_SECS, check_run_secs
+
 _LENGTH_PREFIX = struct.Struct("<Q")
 
 BASELINE_TRACE: list = [[], []]
@@ -177,8 +179,24 @@ def _clean_run_secs(run_secs: Any) -> list[float] | None:
         if isinstance(sec, bool):
             raise RelaxTuneError(f"run_secs holds a bool ({sec!r})")
         value = float(getattr(sec, "value", sec))
+        if math.isfinite(value) and value < MIN_RUN_SECS:
+            raise RelaxTuneError(f"run_secs holds {value!r}: no kernel runs in that time (a "
+                                 f"time is at least {MIN_RUN_SECS:g} s; a failed run is "
+                                 f"[{FAILED_RUN_SECS:g}])")
         out.append(value if math.isfinite(value) else FAILED_RUN_SECS)
     return out
+
+
+def measured_run_secs(run_secs: Any) -> list[float] | None:
+    """``run_secs`` from a measurement as a record stores them: a time no kernel can take
+    (below ``MIN_RUN_SECS``, a broken timer) marks the candidate failed (``[1e10]``) instead of
+    stopping the session."""
+    try:
+        return _clean_run_secs(run_secs)
+    except RelaxTuneError as err:
+        logging.getLogger("relax_tune.database").warning("a measurement is recorded as failed: "
+                                                         "%s", err)
+        return [FAILED_RUN_SECS]
 
 
 def _clean_args_info(args_info: Any) -> list | None:
@@ -221,7 +239,8 @@ class TuningRecord:
 
     ``trace_json`` (the plain-JSON trace, ``utils.trace_to_json`` form) is the stored truth;
     ``trace`` replays it lazily on ``workload.mod``. ``run_secs`` is None or a list of seconds;
-    non-finite times become ``FAILED_RUN_SECS``, which marks a failed build or run.
+    non-finite times become ``FAILED_RUN_SECS``, which marks a failed build or run; a time
+    below ``MIN_RUN_SECS`` (zero, negative) raises RelaxTuneError.
     ``target`` may be given as a Target, a target string or dict, or None (matches any target).
     A ``tvm.s_tir.Trace`` is accepted in place of ``trace_json`` and converted; so are
     ArgInfo objects (anything with ``as_json()``, such as MetaSchedule's ``TensorInfo``) in
@@ -332,7 +351,8 @@ class TuningRecord:
     def from_json(obj: Any, workload: Workload, insts_checked: bool = False) -> TuningRecord:
         """Parse a record's JSON value for ``workload`` without replaying its trace.
 
-        The trace's shape is checked (see ``check_trace_json``; with ``insts_checked`` only
+        Its run times must be ones a kernel can take (``validate.check_run_secs``). The
+        trace's shape is checked (see ``check_trace_json``; with ``insts_checked`` only
         its decisions, for an instruction list already checked); a malformed value raises
         RelaxTuneError saying what is wrong with it."""
         if not (isinstance(obj, list) and len(obj) == 4):
@@ -346,6 +366,7 @@ class TuningRecord:
             raise RelaxTuneError(f"the record's target {str(target)[:60]} is not a JSON object")
         if args_info is not None and not isinstance(args_info, list):
             raise RelaxTuneError(f"the record's args_info {str(args_info)[:60]} is not a list")
+        check_run_secs(run_secs)
         try:
             return TuningRecord(trace_json, workload, run_secs, target, args_info)
         except (TypeError, ValueError) as err:

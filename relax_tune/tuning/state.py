@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..database import BASELINE_TRACE, Database, TuningRecord, candidate_key, is_baseline
+from ..database.records import measured_run_secs
 from ..measure import Measured
 from ..measure.measurer import Incumbent
 from ..search import Candidate, SearchContext, SearchStrategy, make_search
@@ -157,7 +158,8 @@ def commit(st: TaskState, cands: list[Candidate | None], batch: list[Measured],
     for cand, m in zip(cands, batch):
         db.commit_tuning_record(TuningRecord(
             trace_json=BASELINE_TRACE if m.trace is None else m.trace, workload=st.workload,
-            run_secs=m.run_secs, target=task.target, args_info=task.args_info))
+            run_secs=measured_run_secs(m.run_secs), target=task.target,
+            args_info=task.args_info))
         mean = m.mean_secs
         if m.trace is None:
             st.measured.add(BASELINE_KEY)

@@ -90,6 +90,8 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
     start = time.monotonic()
     cfg = make_config(config, **options)
     wd = WorkDir.maybe(work_dir)
+    if wd is not None:
+        wd.check_writable()  # a read-only work_dir: one line before any work
     db = open_database(wd, database)
     if wd is not None and tasks:
         wd.write_task_meta(tasks)
