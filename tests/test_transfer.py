@@ -12,6 +12,7 @@ from relax_tune.database import MemoryDatabase, TuningRecord
 from relax_tune.database.records import candidate_key, is_baseline
 from relax_tune.space import space_for_target
 from relax_tune.testing.workloads import matmul_mod
+from relax_tune.transfer.refit import kept_share
 from relax_tune.transfer import (TransferSource, fit_tile, library_database,
                                  shape_distance, workload_shape)
 from relax_tune.utils import args_info, normalize_mod, schedule_from_json, trace_to_json
@@ -29,8 +30,14 @@ def test_fitted_tiles_multiply_to_the_new_extent_and_keep_inner_tiles(factors, e
         assert fitted[-1] == factors[-1]  # the innermost (vector) tile carries over
 
 
+def test_the_kept_share_says_how_much_of_the_inner_tiles_survived():
+    assert kept_share([7, 1, 8, 8], fit_tile([7, 1, 8, 8], 448)) == 1.0
+    assert kept_share([7, 1, 8, 8], fit_tile([7, 1, 8, 8], 112)) == 0.25  # [7, 1, 2, 8]
+    assert kept_share([16, 5], fit_tile([16, 5], 112)) == 0.2  # 5x5 maps' tiles on 7x7 ones
+
+
 def test_alike_workloads_are_the_same_computation_on_other_shapes():
-    a, b = workload_shape(matmul_mod(64)), workload_shape(matmul_mod(96))
+    a, b = workload_shape(matmul_mod(64)), workload_shape(matmul_mod(128))
     assert a.key == b.key and shape_distance(a, a) == 0
     assert 0 < shape_distance(a, b) < shape_distance(a, workload_shape(matmul_mod(512)))
     x = te.placeholder((64, 64), "float32", name="A")
@@ -39,7 +46,7 @@ def test_alike_workloads_are_the_same_computation_on_other_shapes():
     assert shape_distance(a, workload_shape(scale)) == float("inf")
 
 
-def _tuned_source(target, work_dir, n=128, trials=8):
+def _tuned_source(target, work_dir, n=64, trials=8):
     tasks = rt.extract_tasks(matmul_mod(n), target)
     rt.tune_tasks(tasks, work_dir, max_trials_global=trials, num_trials_per_iter=4,
                   transfer=False)
@@ -49,6 +56,7 @@ def _tuned_source(target, work_dir, n=128, trials=8):
 def _transferred_key(db, mod, target) -> str:
     found = TransferSource([db]).find(mod, target)
     assert found, "the tuned alike workload should give a transferred schedule"
+    assert found[0].kept == 1.0  # 64 -> 128: every inner tile of 64 divides 128
     replayed = space_for_target(target).replay(mod, found[0].trace)
     assert replayed.ok, replayed.error
     return candidate_key(trace_to_json(replayed.sch.trace))
@@ -57,7 +65,7 @@ def _transferred_key(db, mod, target) -> str:
 def test_no_measurement_compile_applies_the_closest_alike_schedule(target, tmp_path):
     wd = str(tmp_path)
     db = _tuned_source(target, wd)
-    mod = matmul_mod(96)
+    mod = matmul_mod(128)
     want = _transferred_key(db, mod, target)
     runner = CountingRunner()
     tasks = rt.extract_tasks(mod, target)
@@ -70,8 +78,8 @@ def test_no_measurement_compile_applies_the_closest_alike_schedule(target, tmp_p
     # the applied schedule computes the product
     sch = schedule_from_json(mod, record.trace_json)
     lib = tvm.compile(sch.mod, target)
-    a, b = np.random.rand(96, 96).astype("float32"), np.random.rand(96, 96).astype("float32")
-    c = tvm.runtime.tensor(np.zeros((96, 96), "float32"))
+    a, b = np.random.rand(128, 128).astype("float32"), np.random.rand(128, 128).astype("float32")
+    c = tvm.runtime.tensor(np.zeros((128, 128), "float32"))
     lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
     np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4, atol=1e-4)
 
@@ -79,7 +87,7 @@ def test_no_measurement_compile_applies_the_closest_alike_schedule(target, tmp_p
 def test_tuning_measures_the_transferred_schedule_in_the_first_batch(target, tmp_path):
     wd = str(tmp_path)
     db = _tuned_source(target, wd)
-    mod = matmul_mod(96)
+    mod = matmul_mod(128)
     want = _transferred_key(db, mod, target)
     tasks = rt.extract_tasks(mod, target)
     rt.tune_tasks(tasks, wd, max_trials_global=4, num_trials_per_iter=4)
@@ -99,7 +107,7 @@ def test_a_record_of_another_machine_class_is_not_applied_unmeasured(target, tmp
     foreign.commit_tuning_record(TuningRecord(
         trace_json=best.trace_json, workload=foreign.commit_workload(wl.mod),
         run_secs=best.run_secs, target=other, args_info=best.args_info))
-    mod = matmul_mod(96)
+    mod = matmul_mod(128)
     found = TransferSource([foreign]).find(mod, target)
     assert found and not found[0].same_class  # it still seeds a measured search
     assert TransferSource([foreign]).find(mod, target, same_class_only=True) == []

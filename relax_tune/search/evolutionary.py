@@ -37,8 +37,8 @@ The measurements behind these choices: docs/design/first-pool.md.
 With a transfer source (``SearchContext.transfer``), the first pool also gets the best
 schedules of the task's closest alike workloads, refitted to its shapes
 (``relax_tune.transfer``); they lead the first batch, become parents once measured, and
-the close ones of this machine's class are ``best_predicted``'s answer, ahead of the
-model's (``MAX_APPLY_DISTANCE``).
+the close, faithfully refitted ones of this machine's class are ``best_predicted``'s
+answer, ahead of the model's (``MAX_APPLY_DISTANCE``, ``MIN_APPLY_KEPT``).
 
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds (they overlap the builds); the call then only re-scores the pool with the model that
@@ -83,6 +83,12 @@ against the model's choice on ResNet-18's and MobileNetV2's tasks (each task's s
 transferred from its closest other alike task): up to 4.5 the transferred one was as fast
 (within 5%) or faster on 21 of 26 tasks; past it slower on 8 of 13, up to 5x
 (docs/design/transfer.md)."""
+MIN_APPLY_KEPT = 0.5
+"""... and only when the refitting kept at least half of every tiling's inner tiles
+(``transfer.refit.Refitted.kept``). ResNet-18's convolutions at 224x224 from the library's
+160x160 ones (7x7 maps from 5x5 ones: the inner tiles of 5 do not divide 7, kept 0.2) ran
+1.9x slower than the model's choice on two of them; the tasks with all their inner tiles
+kept were as fast or faster (docs/design/transfer.md)."""
 _MIN_TIMED_POOL = 8
 """Fresh samples a pool gets even when its time (``SearchContext.pool_secs``) is spent (16
 made MobileNetV2's 34 first pools take a whole 30 s session on 2 cores)."""
@@ -432,7 +438,8 @@ class EvolutionarySearch(SearchStrategy):
                        ) -> Candidate | None:
         """The schedule to apply unmeasured, left in the pool (the next call may still
         return it): the closest transferred one tuned on a machine of this class within
-        ``MAX_APPLY_DISTANCE``, else the one the model ranks first (the pool grown first
+        ``MAX_APPLY_DISTANCE`` whose refitting kept ``MIN_APPLY_KEPT`` of its tiles, else
+        the one the model ranks first (the pool grown first
         when the next call's is not, as ``prepare``). None when there is neither."""
         ranks = getattr(self.model, "ranks", None)
         model_ranks = ranks is not None and ranks(self.task)
@@ -510,8 +517,8 @@ class EvolutionarySearch(SearchStrategy):
             job = Job(self.replayer.sketch_index(without_decisions(item.trace)),
                       decisions_of(item.trace), self._seed())
             if self._add(job, self._replay([job])[0], exclude):
-                self._transferred.append(
-                    (list(self._pool)[-1], item.same_class and item.distance <= MAX_APPLY_DISTANCE))
+                self._transferred.append((list(self._pool)[-1], item.same_class and (
+                    item.distance <= MAX_APPLY_DISTANCE and item.kept >= MIN_APPLY_KEPT)))
 
     def _transferred_entries(self, applicable_only: bool = False) -> list[_Entry]:
         return [self._pool[key] for key, close in self._transferred

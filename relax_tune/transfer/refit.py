@@ -14,6 +14,7 @@ checks like any candidate.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import tvm
 from tvm.s_tir import Schedule, Trace
@@ -34,7 +35,14 @@ def fit_tile(factors: list[int], extent: int) -> list[int]:
     return out
 
 
-def _apply(sketch: Trace, mod: tvm.IRModule, keep_locations: bool) -> Schedule:
+def kept_share(factors: list[int], fitted: list[int]) -> float:
+    """How much of the source's inner tiles (all factors but the outermost) the fitted ones
+    keep: the product of the fitted inner factors over the source's (1.0: all of them)."""
+    return math.prod(fitted[1:]) / max(1, math.prod(int(f) for f in factors[1:]))
+
+
+def _apply(sketch: Trace, mod: tvm.IRModule, keep_locations: bool,
+           shares: list[float]) -> Schedule:
     sch = Schedule(mod, seed=1, error_render_level="none")
 
     def provide(inst, inputs, _attrs, decision):
@@ -42,7 +50,10 @@ def _apply(sketch: Trace, mod: tvm.IRModule, keep_locations: bool) -> Schedule:
         if name == "SamplePerfectTile" and decision is not None:
             extent = sch.get(inputs[0]).extent
             if isinstance(extent, tvm.tirx.IntImm):
-                return fit_tile([int(x) for x in decision], int(extent))
+                factors = [int(x) for x in decision]
+                fitted = fit_tile(factors, int(extent))
+                shares.append(kept_share(factors, fitted))
+                return fitted
         if name == "SampleComputeLocation" and not keep_locations:
             return None
         return decision
@@ -51,14 +62,28 @@ def _apply(sketch: Trace, mod: tvm.IRModule, keep_locations: bool) -> Schedule:
     return sch
 
 
-def refit_trace(source: Schedule, mod: tvm.IRModule) -> tuple[Trace | None, str]:
+@dataclass
+class Refitted:
+    """A trace carried over to a new workload: its sketch part with the fitted decisions,
+    and ``kept``: the least share of a tiling's inner tiles that survived the fitting (1.0:
+    every register, vector and cache tile of the source carried over; near 0: the new
+    extents share no factor with the source's tiles, and the schedule is another one)."""
+
+    trace: Trace
+    kept: float
+
+
+def refit_trace(source: Schedule, mod: tvm.IRModule) -> tuple[Refitted | None, str]:
     """``source``'s trace (a schedule of an alike workload) replayed on ``mod`` with its
-    tiles fitted: the new trace's sketch part with its decisions, or None and why not."""
+    tiles fitted, or None and why not."""
     sketch = sketch_part(source.trace)
     error = ""
     for keep_locations in (True, False):
+        shares: list[float] = []
         try:
-            return sketch_part(_apply(sketch, mod, keep_locations).trace), ""
+            sch = _apply(sketch, mod, keep_locations, shares)
         except Exception as err:  # noqa: BLE001 - a trace that does not carry over
             error = error_line(err, with_type=True)
+            continue
+        return Refitted(sketch_part(sch.trace), min(shares, default=1.0)), ""
     return None, f"does not replay on this workload: {error}"

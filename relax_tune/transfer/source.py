@@ -30,12 +30,14 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Transferred:
     """A schedule carried over from an alike workload: its trace on the new workload
-    (sketch part, decisions fitted), how far the source's shapes were (``distance``) and
-    whether it was tuned on a machine of this one's class."""
+    (sketch part, decisions fitted), how far the source's shapes were (``distance``), the
+    least share of a tiling's inner tiles the fitting kept (``kept``, ``refit.Refitted``)
+    and whether it was tuned on a machine of this one's class."""
 
     trace: Trace
     distance: float
     same_class: bool
+    kept: float = 1.0
 
 
 def machine_class(target: tvm.target.Target | str | dict) -> tuple:
@@ -66,7 +68,7 @@ class TransferSource:
     """
 
     def __init__(self, databases: list[Database], own: Database | None = None,
-                 per_task: int = 2) -> None:
+                 per_task: int = 3) -> None:
         self.databases = [db for db in databases if db is not None]
         self.own = own
         self.per_task = per_task
@@ -140,9 +142,9 @@ class TransferSource:
             source, same = self._source(i, here, same_class_only)
             if source is None:
                 continue
-            trace, why = refit_trace(source, mod)
-            if trace is None:
+            refitted, why = refit_trace(source, mod)
+            if refitted is None:
                 logger.debug("transfer: %s", why)
                 continue
-            out.append(Transferred(trace, distance, same))
+            out.append(Transferred(refitted.trace, distance, same, refitted.kept))
         return out

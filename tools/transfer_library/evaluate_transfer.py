@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     target = tvm.target.Target(next(iter(best.values())).target)
     space = space_for_target(target)
     time_ms = _timer(target)
-    print("| task | distance | predicted ms | transferred ms | own best ms | workload |")
-    print("|---|---|---|---|---|---|")
+    print("| task | distance | tiles kept | predicted ms | transferred ms | own best ms | "
+          "workload |")
+    print("|---|---|---|---|---|---|---|")
     for i, wl in enumerate(workloads):
         if i not in best:
             continue
@@ -79,16 +80,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         distance, j = alike[0]
         source = schedule_from_json(workloads[j].mod, best[j].trace_json)
-        trace, why = refit_trace(source, wl.mod)
-        replayed = space.replay(wl.mod, trace) if trace is not None else None
+        refitted, why = refit_trace(source, wl.mod)
+        replayed = space.replay(wl.mod, refitted.trace) if refitted is not None else None
         if replayed is None or not replayed.ok:
-            print(f"| {i} | {distance:.2f} | | not valid: {why or replayed.error} | | |")
+            print(f"| {i} | {distance:.2f} | | | not valid: {why or replayed.error} | | |")
             continue
         pred = predicted.get(structural_hash(wl.mod))
         t_pred = time_ms(schedule_from_json(wl.mod, pred).mod) if pred else float("nan")
         t_transfer = time_ms(replayed.sch.mod)
         t_own = time_ms(schedule_from_json(wl.mod, best[i].trace_json).mod)
-        print(f"| {i} | {distance:.2f} | {t_pred:.4f} | {t_transfer:.4f} | {t_own:.4f} | "
+        print(f"| {i} | {distance:.2f} | {refitted.kept:.2f} | {t_pred:.4f} | {t_transfer:.4f} | {t_own:.4f} | "
               f"{'+'.join(part.split(':')[0] for part in shapes[i].key.split('|'))} |",
               flush=True)
     return 0
