@@ -454,7 +454,11 @@ class EvolutionarySearch(SearchStrategy):
             return None
         self.prepare(exclude)
         self._score_pool()
-        entries = [e for e in self._pool.values() if e.cand.key not in exclude]
+        # a transferred schedule that is not applicable is left to measurement: the model
+        # has not seen its like, and its tiles are not what was tuned
+        unfit = {e.cand.key for e in self._transferred_entries()}
+        entries = [e for e in self._pool.values()
+                   if e.cand.key not in exclude and e.cand.key not in unfit]
         return max(entries, key=lambda e: e.score).cand if entries else None
 
     def prepare(self, exclude: set[str] | frozenset[str] = frozenset()) -> None:
