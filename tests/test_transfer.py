@@ -28,12 +28,16 @@ def test_fitted_tiles_multiply_to_the_new_extent_and_keep_inner_tiles(factors, e
     assert len(fitted) == len(factors) and int(np.prod(fitted)) == extent
     if extent % factors[-1] == 0:
         assert fitted[-1] == factors[-1]  # the innermost (vector) tile carries over
+    if extent == int(np.prod(factors)):
+        assert fitted == factors  # the same shape: the same tiles
 
 
 def test_the_kept_share_says_how_much_of_the_inner_tiles_survived():
     assert kept_share([7, 1, 8, 8], fit_tile([7, 1, 8, 8], 448)) == 1.0
-    assert kept_share([7, 1, 8, 8], fit_tile([7, 1, 8, 8], 112)) == 0.25  # [7, 1, 2, 8]
-    assert kept_share([16, 5], fit_tile([16, 5], 112)) == 0.2  # 5x5 maps' tiles on 7x7 ones
+    assert fit_tile([7, 1, 8, 8], 112) == [2, 1, 7, 8]  # the divisor nearest 8 in size: 7
+    assert kept_share([7, 1, 8, 8], [2, 1, 7, 8]) == 56 / 64
+    assert fit_tile([1, 5], 7) == [1, 7]  # a 5x5 map's tile on a 7x7 one
+    assert kept_share([1, 32], fit_tile([1, 32], 7)) == 7 / 32
 
 
 def test_alike_workloads_are_the_same_computation_on_other_shapes():

@@ -84,11 +84,12 @@ transferred from its closest other alike task): up to 4.5 the transferred one wa
 (within 5%) or faster on 21 of 26 tasks; past it slower on 8 of 13, up to 5x
 (docs/design/transfer.md)."""
 MIN_APPLY_KEPT = 0.5
-"""... and only when the refitting kept at least half of every tiling's inner tiles
-(``transfer.refit.Refitted.kept``). ResNet-18's convolutions at 224x224 from the library's
-160x160 ones (7x7 maps from 5x5 ones: the inner tiles of 5 do not divide 7, kept 0.2) ran
-1.9x slower than the model's choice on two of them; the tasks with all their inner tiles
-kept were as fast or faster (docs/design/transfer.md)."""
+"""... and only when the refitted inner tiles are at least half (and at most twice) the
+size of the source's in every tiling (``transfer.refit.Refitted.kept``): a source whose
+tiles the new extents cannot come near gives another, untuned schedule. With the library's
+160x160 models on ResNet-18 and MobileNetV2 at 224x224 (5x5 maps against 7x7), the schedules
+that pass ran their kernels 11% faster than the model's choices in sum, weighted by calls
+(39.8 against 44.9 ms; 9.1 against 10.2 ms: docs/design/transfer.md)."""
 _MIN_TIMED_POOL = 8
 """Fresh samples a pool gets even when its time (``SearchContext.pool_secs``) is spent (16
 made MobileNetV2's 34 first pools take a whole 30 s session on 2 cores)."""

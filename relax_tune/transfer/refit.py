@@ -2,10 +2,10 @@
 
 A trace's tile sizes (``SamplePerfectTile`` decisions) multiply to its own loops' extents,
 so they do not fit another shape. :func:`refit_trace` replays the trace on the new workload
-and fits each tiling as it goes: from the innermost factor out, each keeps the largest part
-of the source's factor that divides what is left of the new extent, and the outermost takes
-the rest. The inner tiles (registers, vector lanes, cache blocks) are what a tuned schedule
-found and what carries over between shapes; the outer ones are mostly parallel work and
+and fits each tiling as it goes: from the innermost factor out, each becomes the divisor of
+what is left of the new extent closest in size to the source's factor, and the outermost
+takes the rest. The inner tiles (registers, vector lanes, cache blocks) are what a tuned
+schedule found and what carries over between shapes; the outer ones are mostly parallel work and
 follow the shape. A compute location that does not exist in the new loop nest is sampled
 afresh on a second try. The result goes through the design space's postprocessing and
 checks like any candidate.
@@ -23,22 +23,32 @@ from ..space import sketch_part
 from ..utils import error_line
 
 
+def _nearest_divisor(n: int, size: int) -> int:
+    """The divisor of ``n`` closest to ``size`` in ratio (the smaller one on a tie)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    divisors = small + [n // d for d in small]
+    return min(divisors, key=lambda d: (abs(math.log(d / max(size, 1))), d))
+
+
 def fit_tile(factors: list[int], extent: int) -> list[int]:
-    """Tile sizes for a loop of ``extent`` shaped like ``factors`` (outermost first): the
-    inner ones keep what of the source's divides what is left, the outermost the rest."""
+    """Tile sizes for a loop of ``extent`` shaped like ``factors`` (outermost first): from
+    the innermost out, each the divisor of what is left closest in size to the source's,
+    the outermost the rest."""
     out = [1] * len(factors)
     rest = extent
     for i in range(len(factors) - 1, 0, -1):
-        out[i] = math.gcd(int(factors[i]), rest)
+        out[i] = _nearest_divisor(rest, int(factors[i]))
         rest //= out[i]
     out[0] = rest
     return out
 
 
 def kept_share(factors: list[int], fitted: list[int]) -> float:
-    """How much of the source's inner tiles (all factors but the outermost) the fitted ones
-    keep: the product of the fitted inner factors over the source's (1.0: all of them)."""
-    return math.prod(fitted[1:]) / max(1, math.prod(int(f) for f in factors[1:]))
+    """How close the fitted inner tiles (all factors but the outermost) are in size to the
+    source's: the smaller of their products over the larger (1.0: the same tile)."""
+    source = max(1, math.prod(int(f) for f in factors[1:]))
+    kept = max(1, math.prod(fitted[1:]))
+    return min(source, kept) / max(source, kept)
 
 
 def _apply(sketch: Trace, mod: tvm.IRModule, keep_locations: bool,
@@ -65,9 +75,10 @@ def _apply(sketch: Trace, mod: tvm.IRModule, keep_locations: bool,
 @dataclass
 class Refitted:
     """A trace carried over to a new workload: its sketch part with the fitted decisions,
-    and ``kept``: the least share of a tiling's inner tiles that survived the fitting (1.0:
-    every register, vector and cache tile of the source carried over; near 0: the new
-    extents share no factor with the source's tiles, and the schedule is another one)."""
+    and ``kept``: over its tilings, the least size ratio of fitted to source inner tiles
+    (``kept_share``; 1.0: every register, vector and cache tile of the source carried over;
+    near 0: the new extents have no divisor near the source's tiles, and the schedule is
+    another one)."""
 
     trace: Trace
     kept: float
