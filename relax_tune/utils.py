@@ -189,8 +189,9 @@ def schedule_from_json(mod: tvm.IRModule, trace_json: list, seed: int | None = N
     return sch
 
 
-def args_info(mod: tvm.IRModule) -> list:
-    """MetaSchedule's ``args_info`` of a workload: ``[["TENSOR", dtype, shape], ...]``."""
+def args_info(mod: tvm.IRModule, symbolic_as_none: bool = False) -> list:
+    """MetaSchedule's ``args_info`` of a workload: ``[["TENSOR", dtype, shape], ...]``
+    (with ``symbolic_as_none``, None for each symbolic dimension)."""
     func = mod["main"]
     out = []
     for param in func.params:
@@ -198,7 +199,9 @@ def args_info(mod: tvm.IRModule) -> list:
         if shape is None:
             out.append(["SCALAR", str(param.dtype)])
         else:
-            out.append(["TENSOR", str(param.dtype), [int(d) for d in shape]])
+            out.append(["TENSOR", str(param.dtype),
+                        [None if symbolic_as_none and not isinstance(d, (int, tvm.tirx.IntImm))
+                         else int(d) for d in shape]])
     return out
 
 

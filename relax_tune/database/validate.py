@@ -16,7 +16,7 @@ from typing import Any
 
 import tvm
 
-from ..utils import RelaxTuneError
+from ..utils import RelaxTuneError, args_info
 
 MIN_RUN_SECS = 1e-9
 """No kernel call takes less than a nanosecond: a shorter time is a broken timer or an edited
@@ -44,16 +44,7 @@ def workload_args(mod: tvm.IRModule) -> list | None:
     funcs = [f for _, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
     if len(funcs) != 1:
         return None
-    out = []
-    for param in funcs[0].params:
-        shape = getattr(param, "shape", None)
-        if shape is None:
-            out.append(["SCALAR", str(param.dtype)])
-        else:
-            out.append(["TENSOR", str(param.dtype),
-                        [int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else None
-                         for d in shape]])
-    return out
+    return args_info(tvm.IRModule({"main": funcs[0]}), symbolic_as_none=True)
 
 
 def _matches(arg: Any, want: list) -> bool:

@@ -521,8 +521,9 @@ class EvolutionarySearch(SearchStrategy):
         for item in found:
             job = Job(self.replayer.sketch_index(without_decisions(item.trace)),
                       decisions_of(item.trace), self._seed())
-            if self._add(job, self._replay([job])[0], exclude):
-                self._transferred.append((list(self._pool)[-1], item.same_class and (
+            out = self._replay([job])[0]
+            if self._add(job, out, exclude):
+                self._transferred.append((out.key, item.same_class and (
                     item.distance <= MAX_APPLY_DISTANCE and item.kept >= MIN_APPLY_KEPT)))
 
     def _transferred_entries(self, applicable_only: bool = False) -> list[_Entry]:

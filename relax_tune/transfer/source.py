@@ -87,7 +87,7 @@ class TransferSource:
                         continue
                     if shape.extents is not None:
                         self._entries.append(
-                            _Entry(shape, db, wl, structural_hash(wl.mod)))
+                            _Entry(shape, db, wl, wl.shash))
         return self._entries
 
     def _class_of(self, target: object) -> tuple | None:

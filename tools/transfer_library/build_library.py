@@ -60,7 +60,6 @@ def export(work_dirs: dict[str, str], out_dir: str) -> tuple[int, int]:
     (replaced); returns (workloads, records)."""
     from relax_tune.database import JSONDatabase, TuningRecord
     from relax_tune.database.records import is_baseline
-    from relax_tune.utils import structural_hash
 
     tmp = out_dir + ".new"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -70,7 +69,7 @@ def export(work_dirs: dict[str, str], out_dir: str) -> tuple[int, int]:
     for wd in work_dirs.values():
         db = JSONDatabase(work_dir=wd)
         for wl in db.get_all_workloads():
-            program = structural_hash(wl.mod)
+            program = wl.shash
             best = [r for r in db.get_top_k(wl, 8)
                     if r.is_valid and not is_baseline(r.trace_json)]
             if program in seen or not best:
