@@ -456,10 +456,12 @@ class EvolutionarySearch(SearchStrategy):
         self.prepare(exclude)
         self._score_pool()
         # a transferred schedule that is not applicable is left to measurement: the model
-        # has not seen its like, and its tiles are not what was tuned
+        # has not seen its like, and its tiles are not what was tuned. Unless it is all the
+        # pool holds: then sampling found no other program (a sample that repeats a pooled
+        # program is dropped), so it is the one program sampling gives, tiles or none.
         unfit = {e.cand.key for e in self._transferred_entries()}
-        entries = [e for e in self._pool.values()
-                   if e.cand.key not in exclude and e.cand.key not in unfit]
+        entries = [e for e in self._pool.values() if e.cand.key not in exclude]
+        entries = [e for e in entries if e.cand.key not in unfit] or entries
         return max(entries, key=lambda e: e.score).cand if entries else None
 
     def prepare(self, exclude: set[str] | frozenset[str] = frozenset()) -> None:
