@@ -243,6 +243,14 @@ class ApplyDatabase:
         cannot be built, or the untuned function won: then ``func`` is in ``kept``)."""
         new, kept = apply_dynamic(db, name, func, target, bounds, self.work_dir,
                                   self.shape_hints, rankings, plans, self.enable_warning)
+        if new is None and not kept and self._predicted is not None:
+            # no bucket measured: the buckets' predicted schedules (a measure=False
+            # session, or buckets a time limit left unmeasured)
+            new, kept = apply_dynamic(self._predicted, name, func, target, bounds,
+                                      self.work_dir, self.shape_hints, rankings, plans,
+                                      self.enable_warning)
+            if new is not None:
+                self.predicted.append(name)
         if kept:
             self.kept.append(name)
         return None if new is None else _with_attrs_of(new, func)

@@ -154,3 +154,40 @@ def test_max_time_alone_lifts_the_trial_budget():
     assert rt.TuneConfig().trial_budget == 64
     assert rt.TuneConfig(max_time=30).trial_budget > 10**6
     assert rt.TuneConfig(max_time=30, max_trials_global=8).trial_budget == 8
+
+
+def test_no_measurement_compile_dispatches_dynamic_functions_on_predicted_schedules(
+        target, tmp_path, caplog):
+    """A model with a dynamic sequence length, compiled with measure=False and hints
+    {16, 64}: each symbolic function dispatches to its buckets' predicted schedules
+    (nothing timed), correct at sizes below, between, at and past the buckets, and not
+    slower than untuned at a hinted size."""
+    from test_dynamic import _attention_model
+
+    mod, params = _attention_model(dim=64)
+    rng = np.random.default_rng(0)
+    weights = {name: rng.uniform(-1, 1, [int(d) for d in p.shape]).astype("float32")
+               for name, p in params}
+    runner = CountingRunner()
+    with caplog.at_level(logging.INFO, logger="relax_tune.dynamic.apply"):
+        ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+            "relax_tune", target=target, work_dir=str(tmp_path / "w"), params=weights,
+            shape_hints={"n": [16, 64]}, measure=False, runner=runner))
+    assert runner.calls == 0
+    dispatched = {r.getMessage().split(":")[0] for r in caplog.records
+                  if r.name == "relax_tune.dynamic.apply" and "dispatch over" in r.getMessage()}
+    assert len(dispatched) >= 2  # the matmuls at least
+    untuned = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=str(tmp_path / "none"), params=weights,
+        max_trials_global=0))
+    vm, uvm = (relax.VirtualMachine(e, tvm.cpu()) for e in (ex, untuned))
+    for n in (1, 7, 20, 64, 65):
+        x = tvm.runtime.tensor(rng.uniform(-1, 1, (1, n, 64)).astype("float32"))
+        np.testing.assert_allclose(vm["forward"](x).numpy(), uvm["forward"](x).numpy(),
+                                   rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
+    x = tvm.runtime.tensor(rng.uniform(-1, 1, (1, 64, 64)).astype("float32"))
+    fast, slow = [], []
+    for _ in range(3):
+        fast.append(_median_secs(vm["forward"], [x]))
+        slow.append(_median_secs(uvm["forward"], [x]))
+    assert statistics.median(fast) < statistics.median(slow)

@@ -40,15 +40,30 @@ class PredictedSchedules:
                        target: tvm.target.Target | dict | str | None = None
                        ) -> Schedule | None:
         """The latest predicted schedule of ``mod`` for ``target`` replayed on it, or None."""
+        for record, matched in self._latest_first(mod, target):
+            sch = replay_on(record, matched)
+            if sch is not None:
+                return sch
+        return None
+
+    def query_tuning_record(self, mod: tvm.IRModule | tirx.PrimFunc,
+                            target: tvm.target.Target | dict | str | None = None
+                            ) -> TuningRecord | None:
+        """The latest predicted record of ``mod`` for ``target``, or None (as a database's
+        best record: what ``relax_tune.dynamic.apply`` reads for each bucket)."""
+        return next((record for record, _ in self._latest_first(mod, target)), None)
+
+    def has_workload(self, mod: tvm.IRModule | tirx.PrimFunc) -> bool:
+        """False: a predicted schedule has no ranked alternatives (one record counts)."""
+        return False
+
+    def _latest_first(self, mod, target):
         raw = mod if isinstance(mod, tvm.IRModule) else tvm.IRModule({"main": mod})
         found = self.database._find_workload(normalize_mod(mod), raw)
         if found is None:
-            return None
+            return
         workload, matched = found
         config = query_target_config(target)
         for record in reversed(self.database.get_records(workload)):
             if target_compatible(record.target_config, config):
-                sch = replay_on(record, matched)
-                if sch is not None:
-                    return sch
-        return None
+                yield record, matched
