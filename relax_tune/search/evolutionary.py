@@ -232,6 +232,7 @@ class EvolutionarySearch(SearchStrategy):
         self._grow_deadline: float | None = None  # time.monotonic() a pool stops growing at
         self._transferred: list[tuple[str, bool]] = []  # (key, close enough to apply unmeasured)
         self._transfer_tried = False
+        self._repeats = 0  # samples dropped as repeats of a pooled or returned program
         self.errors: dict[str, int] = {}
         """Why samples and mutants were dropped: reason -> count."""
         self.stats = {"replays": 0, "replay_secs": 0.0, "feature_secs": 0.0,
@@ -303,10 +304,12 @@ class EvolutionarySearch(SearchStrategy):
         key = out.key
         if key in self._pool or key in self._returned or key in exclude:
             self._note("duplicate")
+            self._repeats += 1
             return False
         if out.program in self._programs or \
                 any(e.program == out.program for e in self._pool.values()):
             self._note("duplicate program")
+            self._repeats += 1
             return False
         cand = Candidate(sch=out.sch, trace_json=out.trace_json, key=key, mod=self.mod)
         self._pool[key] = _Entry(cand, out.program, out.features, job.sketch, out.decisions)
@@ -315,8 +318,11 @@ class EvolutionarySearch(SearchStrategy):
     def _sample_fresh(self, count: int, exclude: set[str] | frozenset[str]) -> int:
         added, attempts, streak = 0, 0, 0
         cap = 4 * count + 8
+        repeats_before = self._repeats
         while added < count and attempts < cap and streak < self.max_fail_streak \
                 and not (added >= _MIN_TIMED_POOL and self._out_of_time()):
+            if attempts >= _CHUNK and self._repeats - repeats_before == attempts:
+                break  # a whole chunk repeated what the pool holds: a space of few programs
             # never more jobs than candidates still wanted: in this process every job
             # replayed past the count is wasted
             size = min(_CHUNK, cap - attempts, count - added)
