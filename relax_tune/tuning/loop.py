@@ -257,7 +257,8 @@ def _measure(st: TaskState, cands: list[Candidate | None], db: Database, measure
     for i in cut:
         st.measured.discard(BASELINE_KEY if cands[i] is None else cands[i].key)
     if cut:
-        logger.info("%s: %d builds still running at max_time were dropped unmeasured",
+        logger.info("%s: a build still running at max_time: the batch of %d was dropped "
+                    "unmeasured (timing beside running builds is wrong)",
                     st.report.task_name, len(cut))
     commit(st, [c for i, c in enumerate(cands) if i not in cut],
            [m for i, m in enumerate(batch) if i not in cut], db)
