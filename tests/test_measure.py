@@ -262,6 +262,21 @@ def _counting_library(tmp_path) -> str:
     return path
 
 
+def _counted_run(tmp_path, seed: int, **options) -> tuple[list, int]:
+    """``run_candidate`` on the incrementing kernel: its times and how often it was
+    called (warm-up, the time evaluator's own untimed first call, the timed ones)."""
+    from relax_tune.measure import _worker
+
+    info = json.dumps([["TENSOR", "float32", [4]], ["TENSOR", "float32", [4]]])
+    artifact = _counting_library(tmp_path)
+    before = float(_worker._cached_inputs(info, tvm.cpu(), seed)[1].numpy()[0])
+    secs, err = _worker.run_candidate(artifact, info, 1, 0, max_secs=None, budget_secs=60.0,
+                                      seed=seed, **options)
+    assert err is None
+    after = float(_worker._cached_inputs(info, tvm.cpu(), seed)[1].numpy()[0])
+    return secs, round(after - before)
+
+
 # calls: run_candidate's warm-up (one: no warm-up time), the time evaluator's own untimed
 # first call, the timed ones
 @pytest.mark.parametrize("flush,calls", [(False, 2 + 3 * 5), (True, 2 + 3)])
@@ -272,34 +287,17 @@ def test_cache_flush_times_one_cold_call_per_repeat(tmp_path, flush, calls, monk
     from relax_tune.measure import _worker
 
     monkeypatch.setattr(_worker, "_WARM_UP_SECS", 0.0)
-
-    info = json.dumps([["TENSOR", "float32", [4]], ["TENSOR", "float32", [4]]])
-    artifact = _counting_library(tmp_path)
-    before = float(_worker._cached_inputs(info, tvm.cpu(), 11)[1].numpy()[0])
-    secs, err = _worker.run_candidate(artifact, info, 1, 0, number=5, repeat=3,
-                                      min_repeat_ms=0, cache_flush=flush, max_secs=None,
-                                      budget_secs=60.0, seed=11)
-    assert err is None and len(secs) == 3
-    after = float(_worker._cached_inputs(info, tvm.cpu(), 11)[1].numpy()[0])
-    assert round(after - before) == calls
+    secs, counted = _counted_run(tmp_path, 11, number=5, repeat=3, min_repeat_ms=0,
+                                 cache_flush=flush)
+    assert len(secs) == 3 and counted == calls
 
 
 def test_short_kernels_are_warmed_up_before_timing(tmp_path):
     """A short kernel is called for ``_WARM_UP_SECS`` before it is timed (the cores idled
-    while the batch built), a slow one once: counted by the incrementing kernel."""
-    from relax_tune.measure import _worker
-
-    info = json.dumps([["TENSOR", "float32", [4]], ["TENSOR", "float32", [4]]])
-    artifact = _counting_library(tmp_path)
-    before = float(_worker._cached_inputs(info, tvm.cpu(), 12)[1].numpy()[0])
-    secs, err = _worker.run_candidate(artifact, info, 1, 0, number=1, repeat=1,
-                                      min_repeat_ms=0, cache_flush=False, max_secs=None,
-                                      budget_secs=60.0, seed=12)
-    assert err is None
-    after = float(_worker._cached_inputs(info, tvm.cpu(), 12)[1].numpy()[0])
-    # each call takes a microsecond or less: thousands fill the warm-up
-    assert after - before > 100
-
+    while the batch built): each call takes a microsecond or less, thousands fill it."""
+    _, counted = _counted_run(tmp_path, 12, number=1, repeat=1, min_repeat_ms=0,
+                              cache_flush=False)
+    assert counted > 100
 
 
 def test_random_inputs_keep_a_constant_index_in_bounds():
