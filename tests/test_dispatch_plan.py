@@ -115,6 +115,11 @@ def test_apply_database_follows_the_plan(planned, target, tmp_path, caplog):
     assert tvm_ffi.structural_equal(out["main"].body, expected.body, map_free_vars=True)
     text = out["main"].script()
     assert "n == T.int64(16)" in text and "T.int64(33) <= n and n <= T.int64(63)" in text
+    # bucket 64 at its own size and the sizes above it: two copies (intermediates sized for
+    # 64 in the first, symbolic in the second)
+    assert "n == T.int64(64)" in text and "T.int64(65) <= n" in text
+    assert dynamic.dispatch._merged([[64, 64], [1, 15], [65, None], [16, 20], [90, None]]) \
+        == [(1, 20), (64, 64), (65, None)]
     lib = tvm.compile(tvm.IRModule({"main": out["main"].with_attr("global_symbol", "main")}),
                       target)
     rng = np.random.default_rng(5)

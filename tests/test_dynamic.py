@@ -555,10 +555,12 @@ def test_baseline_bucket_runs_the_untuned_body(target):
         space, normalize_mod(dynamic.specialize(func, {"n": b})), 7, 1)[0]) for b in (16, 64)}
     disp = dynamic.dispatch_function(base["main"], [({"n": 16}, None), ({"n": 64}, tuned[64])])
     text = disp.script()
-    # 16 serves up to 32 (nearest on a log scale), 64 every size above
+    # 16 serves up to 32 (nearest on a log scale), 64 up to 64 and, in a copy, every size
+    # above
     first, rest = text.split("if n <= T.int64(32):")[1].split("else:", 1)
     assert "T.parallel" not in first and "T.parallel" in rest  # untuned body, then tuned
-    assert "if n <= T.int64(64):" not in rest
+    second, above = rest.split("if n <= T.int64(64):")[1].split("\n        else:", 1)
+    assert "T.parallel" in second and "T.parallel" in above
     # the largest bucket's best record is the untuned function: its body above 32
     disp = dynamic.dispatch_function(base["main"], [({"n": 16}, tuned[16]), ({"n": 64}, None)])
     first, rest = disp.script().split("if n <= T.int64(32):")[1].split("else:", 1)
@@ -573,8 +575,8 @@ def test_baseline_bucket_runs_the_untuned_body(target):
 
 def test_branch_intermediates_are_sized_for_their_bucket(target):
     """Each bucket's branch allocates its intermediate buffers at the largest n it serves
-    (constant shapes: TVM compacts a tile of them to a constant tile), the largest bucket's,
-    which serves every size above it too, keeps them symbolic, and every size still computes
+    (constant shapes: TVM compacts a tile of them to a constant tile), the largest bucket's
+    copy for the sizes above it keeps them symbolic, and every size still computes
     softmax."""
     tensors, ref = _zoo("softmax_rows")
     func = te.create_prim_func(tensors)
@@ -582,22 +584,18 @@ def test_branch_intermediates_are_sized_for_their_bucket(target):
     disp = dynamic.dispatch_function(base["main"], [({"n": 16}, None), ({"n": 64}, None)])
     text = disp.script()
     assert dynamic.BOUNDS_KEY not in text
-    first, largest = text.split("if n <= T.int64(32):")[1].split("else:", 1)
+    first, rest = text.split("if n <= T.int64(32):")[1].split("else:", 1)
+    second, above = rest.split("if n <= T.int64(64):")[1].split("else:", 1)
     allocs = [[line for line in part.splitlines() if "sblock_alloc_buffer" in line]
-              for part in (first, largest)]
+              for part in (first, second, above)]
     assert all(len(a) == 3 for a in allocs), allocs  # max, exp, sum
     assert all("T.int64(32)" in line and "(n" not in line for line in allocs[0])
-    assert all("(n" in line for line in allocs[1])
+    assert all("T.int64(64)" in line and "(n" not in line for line in allocs[1])
+    assert all("(n" in line for line in allocs[2])
     lib = tvm.compile(tvm.IRModule({"main": disp}), target)
     rng = np.random.default_rng(5)
     for n in (1, 31, 32, 33, 64, 65, 100):
         _run_at(lib, func, ref, n, rng)
-    # with a third bucket the middle one's intermediates are sized for its limit
-    disp = dynamic.dispatch_function(base["main"], [({"n": 16}, None), ({"n": 64}, None),
-                                                    ({"n": 256}, None)])
-    second = disp.script().split("if n <= T.int64(128):")[1].split("else:", 1)[0]
-    assert all("T.int64(128)" in line and "(n" not in line
-               for line in second.splitlines() if "sblock_alloc_buffer" in line)
     # other annotations of a branch's root block stay
     marked = dynamic._bound_intermediates(
         '    T.sblock_attr({"a": 1, "%s": {"n": "T.int64(8)"}})\n'

@@ -5,9 +5,9 @@
 ``if n <= l1 ... elif n <= l2 ... else`` chain, ``l`` the limits between neighbouring
 buckets (``upper_limit``: nearest bucket on a log scale), each branch a bucket's record
 replayed on the symbolic function (``relax_tune.dynamic.replay``). The largest bucket
-also serves every size above it, its intermediates left symbolic there (its branch is
-correct at every size, and faster than the untuned function: docs/design/dynamic-shapes.md,
-"Past the largest bucket"). A bucket whose best record is its baseline (the untuned
+also serves every size above it, in a copy of its branch whose intermediates stay symbolic
+(its branch is correct at every size, and faster than the untuned function:
+docs/design/dynamic-shapes.md, "Past the largest bucket"). A bucket whose best record is its baseline (the untuned
 function) runs the untuned body: never slower than untuned per bucket. With a measured plan
 (``relax_tune.dynamic.plan``) the branches serve the ranges timed fastest instead of the
 nearest bucket's (``dispatch_function``'s ``served``).
@@ -40,14 +40,16 @@ def dispatch_function(func: tirx.PrimFunc,
                       served: Sequence[Sequence[Sequence[int | None]]] | None = None
                       ) -> tirx.PrimFunc:
     """One PrimFunc with ``func``'s signature that runs, for each symbolic value, the branch
-    of the nearest bucket, the largest one's above it.
+    of the nearest bucket, the largest one's above it too.
 
     ``branches`` are ``(sizes, function)`` pairs, smallest first. A variable at size ``s``
     serves values up to ``upper_limit`` (the geometric mean of ``s`` and the next larger
-    hinted size -- the branches' sizes, or ``hinted`` when given: nearest on a log scale);
-    at the largest hinted size it serves every value from there up (unbounded: its
-    intermediates stay symbolic). The first branch whose variables are all within their
-    limits runs; values no branch serves (with several variables) run ``func``'s body. A
+    hinted size -- the branches' sizes, or ``hinted`` when given: nearest on a log scale;
+    ``s`` itself for the largest). The first branch whose variables are all within their
+    limits runs, then a second copy of each branch at the largest hinted size of some of
+    its variables, with no limit on those (their intermediates stay symbolic there): the
+    largest bucket serves every value above it too. Values no branch serves (with several
+    variables) run ``func``'s body. A
     branch whose function is None runs ``func``'s body (its bucket's best record is the
     untuned function). Every branch function must be ``func`` scheduled (same parameters).
 
@@ -77,18 +79,24 @@ def dispatch_function(func: tirx.PrimFunc,
                 body = tirx.IfThenElse(_in_range(var, low, high),
                                        _mark_bounds(branch.body, bounds, variables), body)
             continue
-        cond, limits = None, {}
+        branch = _same_params(func if branch is None else branch, func)
+        cond, limits, open_cond, open_limits = None, {}, None, {}
         for name, size in sizes.items():
             var = variables[name]
             sizes_of = hinted.get(name, [size])
-            if int(size) >= max(int(s) for s in sizes_of):
-                continue  # the largest bucket serves every value above it too
             limits[name] = upper_limit(int(size), sizes_of)
             term = var <= tirx.IntImm(_dtype(var), limits[name])
             cond = term if cond is None else tirx.And(cond, term)
-        branch = _mark_bounds(_same_params(func if branch is None else branch, func).body,
-                              limits, variables)
-        body = branch if cond is None else tirx.IfThenElse(cond, branch, body)
+            if int(size) < max(int(s) for s in sizes_of):
+                open_limits[name] = limits[name]
+                open_cond = term if open_cond is None else tirx.And(open_cond, term)
+        if open_limits != limits:
+            # the largest bucket also serves every value above it, in a copy of its own
+            # whose intermediates stay symbolic: the copy up to its size keeps them sized
+            # for it (measured: docs/design/dynamic-shapes.md, "Past the largest bucket")
+            above = _mark_bounds(branch.body, open_limits, variables)
+            body = above if open_cond is None else tirx.IfThenElse(open_cond, above, body)
+        body = tirx.IfThenElse(cond, _mark_bounds(branch.body, limits, variables), body)
     # The branches share loop variables and intermediate buffers with each other and with
     # ``func``, which the compiler rejects. TVMScript prints each definition site as its own
     # allocation, and parsing gives each its own object (TVM's ConvertSSA renames the loop
@@ -98,15 +106,20 @@ def dispatch_function(func: tirx.PrimFunc,
 
 
 def _merged(ranges: Sequence[Sequence[int | None]]) -> list[tuple[int, int | None]]:
-    """The inclusive ``[low, high]`` ``ranges`` (``high`` None: unbounded) sorted, adjacent
-    and overlapping ones merged."""
-    merged: list[list[float]] = []
-    for low, high in sorted((int(a), math.inf if b is None else int(b)) for a, b in ranges):
+    """The inclusive ``[low, high]`` ``ranges`` sorted, adjacent and overlapping ones merged;
+    the unbounded ones (``high`` None) last, merged into one of their own from the lowest
+    ``low`` (a bounded range next to it keeps its copy with its intermediates sized)."""
+    merged: list[list[int]] = []
+    for low, high in sorted((int(a), int(b)) for a, b in ranges if b is not None):
         if merged and low <= merged[-1][1] + 1:
             merged[-1][1] = max(merged[-1][1], high)
         else:
             merged.append([low, high])
-    return [(int(low), None if high == math.inf else int(high)) for low, high in merged]
+    out: list[tuple[int, int | None]] = [(low, high) for low, high in merged]
+    lows = [int(a) for a, b in ranges if b is None]
+    if lows:
+        out.append((min(lows), None))
+    return out
 
 
 def _in_range(var: tirx.Var, low: int, high: int | None):
