@@ -1,5 +1,6 @@
-"""Real models side by side: PyTorch eager, ONNX Runtime, TVM untuned, MetaSchedule and the
-"relax_tune" pipeline at several trial budgets, all built, checked and timed in one run.
+"""Real models side by side: PyTorch eager, ONNX Runtime, OpenVINO, torch.compile, TVM
+untuned, MetaSchedule and the "relax_tune" pipeline at several trial budgets, all built,
+checked and timed in one run.
 
     python -m benchmarks.bench_real_models --models resnet18 mobilenet_v2 bert vit \\
         --trials-per-task 1 8 32 [--max-time 600] [--metaschedule] [--per-task]
@@ -16,6 +17,15 @@ Models (random weights, batch 1, float32; ``--small`` shrinks the inputs for a q
 Rows per model:
 - ``pytorch``: eager, ``torch.inference_mode()``.
 - ``onnxruntime``: ``torch.onnx.export`` (torch's default exporter), CPU provider.
+- ``openvino`` (``--no-openvino`` leaves it out): ``openvino.convert_model`` of the exported
+  ONNX file (of the torch module when the export failed), CPU device,
+  ``PERFORMANCE_HINT=LATENCY``, ``INFERENCE_NUM_THREADS`` = the threads,
+  ``INFERENCE_PRECISION_HINT=f32`` (a float32 comparison on CPUs whose default is bf16);
+  "tune wall s" is conversion plus compilation.
+- ``torch.compile`` (``--no-torch-compile``): Inductor with ``freezing = True``,
+  ``mode="max-autotune-no-cudagraphs"``, under ``torch.inference_mode()``; "tune wall s" is
+  its compilation (its first two calls). It needs a C++ compiler; past
+  ``--torch-compile-timeout`` seconds, or on any compile error, its row holds the error.
 - ``tvm-untuned``: ``torch.export`` -> ``from_exported_program(keep_params_as_input=True)`` ->
   ``detach_params``, weights bound, ``relax.get_pipeline("zero")``, ``tvm.compile``: TVM's
   stock lowering (no batch-norm folding; relax_tune's pipeline has its own graph passes).
@@ -46,13 +56,16 @@ of candidates, or is too cheap to matter; baselines are not trials). Budgets are
 tasks extracted from the model lowered exactly as the pipeline lowers it).
 
 Timing (shared/notes/frameworks-substrate.md): every contender runs on the same number of
-threads (``TVM_NUM_THREADS`` set before tvm is imported, ``torch.set_num_threads``, ONNX
-Runtime ``intra_op_num_threads``/``inter_op_num_threads=1``). After all rows of a model are
+threads (``TVM_NUM_THREADS`` set before tvm is imported, ``torch.set_num_threads`` for eager
+and torch.compile, ONNX Runtime ``intra_op_num_threads``/``inter_op_num_threads=1``, OpenVINO
+``INFERENCE_NUM_THREADS``). After all rows of a model are
 built, contenders are timed round by round (order rotating, a sleep before each timing, one
 warm-up call, then as many calls as fill ``--min-secs``; a round's figure is their mean). A
 row's latency is the median over rounds; "vs ONNX Runtime"/"vs PyTorch" are medians of the
-per-round ratios (ORT ms / row ms; above 1: faster than ORT). Every contender is timed through
-Python the same way (one call per iteration on the same input).
+per-round ratios (ORT ms / row ms; above 1: faster than ORT). "vs best alternative" is the
+same against the fastest (median) of PyTorch eager, ONNX Runtime, OpenVINO and torch.compile
+(named under the table). Every contender is timed through Python the same way (one call per
+iteration on the same input).
 
 Correctness: every output is compared with PyTorch's (max |diff| and max |diff| / max |ref|);
 above ``--tol`` (relative to the largest reference value) the row is flagged MISMATCH and the
@@ -72,6 +85,8 @@ import time
 
 import numpy as np
 
+from benchmarks.alternatives import (error_row, onnxruntime_row, openvino_row, pytorch_row,
+                                     ratios_to_best, torch_compile_row)
 from benchmarks.contenders import (Row, import_tensor_intrin, numpy_output, calibrate,
                                    compile_metaschedule, compile_untuned, interleave,
                                    metaschedule_tasks, tvm_row)
@@ -95,6 +110,17 @@ def relax_tune_commit() -> str:
         return head + (" (relax_tune/ has uncommitted changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def module_version(name: str) -> str:
+    """The version of the module ``name`` (ONNX Runtime, OpenVINO), or why it is missing (its
+    rows then say so too)."""
+    import importlib
+
+    try:
+        return importlib.import_module(name).__version__
+    except ImportError as err:
+        return f"not importable ({err})"
 
 
 def count_lines(path: str) -> int:
@@ -122,7 +148,6 @@ def measured_trials(work_dir: str, tasks) -> int:
 
 # ---------------------------------------------------------------------------- one model
 def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[Row], str]:
-    import onnxruntime as ort
     import torch
     import tvm
     from tvm import relax
@@ -135,28 +160,39 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     log(f"{name} ({desc}): PyTorch eager")
     with torch.inference_mode():
         ref = model(*inputs).numpy()
+    rows = [pytorch_row(model, inputs)]
 
-    def torch_call():
-        with torch.inference_mode():
-            return model(*inputs)
-
-    rows = [Row("pytorch", "-", torch_call)]
-
-    # ONNX Runtime
     log(f"{name}: torch.onnx.export + ONNX Runtime")
+    onnx_path = os.path.join(root, f"{name}.onnx")
     try:
-        onnx_path = os.path.join(root, f"{name}.onnx")
         torch.onnx.export(model, inputs, onnx_path, verbose=False)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
-        feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs_np)}
-        rows.append(Row("onnxruntime", "-", lambda: sess.run(None, feed)))
     except Exception as err:
-        rows.append(Row("onnxruntime", "-", None, error=f"{type(err).__name__}: {err}"))
-        log(f"!!! {name}: ONNX Runtime failed: {err}")
+        onnx_path = None
+        log(f"!!! {name}: torch.onnx.export failed: {err}")
+        rows.append(error_row("onnxruntime", err))
+    if onnx_path is not None:
+        try:
+            rows.append(onnxruntime_row(onnx_path, inputs_np, threads))
+        except Exception as err:
+            rows.append(error_row("onnxruntime", err))
+            log(f"!!! {name}: ONNX Runtime failed: {err}")
+    if args.openvino:
+        log(f"{name}: OpenVINO (convert_model of the "
+            f"{'ONNX file' if onnx_path else 'torch module'})")
+        try:
+            rows.append(openvino_row(onnx_path, inputs_np, threads) if onnx_path else
+                        openvino_row(model, inputs_np, threads, example_input=inputs))
+            log(f"  {rows[-1].tune_secs:.1f} s")
+        except Exception as err:
+            rows.append(error_row("openvino", err))
+            log(f"!!! {name}: OpenVINO failed: {err}")
+    if args.torch_compile:
+        log(f"{name}: torch.compile (max-autotune-no-cudagraphs, freezing)")
+        rows.append(torch_compile_row(model, inputs, args.torch_compile_timeout))
+        if rows[-1].error:
+            log(f"!!! {name}: torch.compile failed: {rows[-1].error}")
+        else:
+            log(f"  {rows[-1].tune_secs:.0f} s")
 
     # Relax import, task count
     log(f"{name}: torch.export -> Relax")
@@ -320,6 +356,9 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
         if row.call is not None and row.error is None:
             calibrate(row, args.min_secs)
     interleave(rows, args.rounds, args.pause)
+    best = ratios_to_best(rows)
+    if best is not None:
+        info += f"; best alternative: {best.contender}"
 
     if args.per_task and last_wd is not None:
         info += "\n\n" + per_task_table(name, last_wd, tasks, rows)
@@ -366,8 +405,9 @@ def fmt_rows(model: str, rows: list[Row]) -> list[str]:
             ms = f"{np.median(row.samples) * 1e3:.3f}"
             vs_ort = f"{np.median(row.ratio_ort):.2f}" if row.ratio_ort else "-"
             vs_torch = f"{np.median(row.ratio_torch):.2f}" if row.ratio_torch else "-"
+            vs_best = f"{np.median(row.ratio_best):.2f}" if row.ratio_best else "-"
         else:
-            ms, vs_ort, vs_torch = "FAILED", "-", "-"
+            ms, vs_ort, vs_torch, vs_best = "FAILED", "-", "-", "-"
         wall = f"{row.tune_secs:.0f}" if row.tune_secs is not None else "-"
         if row.contender == "pytorch":
             diff = "(reference)"
@@ -379,14 +419,14 @@ def fmt_rows(model: str, rows: list[Row]) -> list[str]:
             diff = f"**MISMATCH** {diff}"
         if row.error:
             diff += f" ERROR: {row.error.splitlines()[0][:120]}"
-        out.append(f"| {model} | {row.contender} | {row.trials} | {ms} | {vs_ort} | {vs_torch} "
-                   f"| {wall} | {diff} |")
+        out.append(f"| {model} | {row.contender} | {row.trials} | {ms} | {vs_best} | {vs_ort} "
+                   f"| {vs_torch} | {wall} | {diff} |")
     return out
 
 
-TABLE_HEAD = ["| model | contender | trials | latency ms (median) | vs ONNX Runtime | vs PyTorch "
-              "| tune wall s | max \\|diff\\| vs PyTorch |",
-              "|---|---|---|---|---|---|---|---|"]
+TABLE_HEAD = ["| model | contender | trials | latency ms (median) | vs best alternative "
+              "| vs ONNX Runtime | vs PyTorch | tune wall s | max \\|diff\\| vs PyTorch |",
+              "|---|---|---|---|---|---|---|---|---|"]
 
 
 def main() -> int:
@@ -422,6 +462,13 @@ def main() -> int:
                              "(default: TVM's stock static_shape_tuning lowering)")
     parser.add_argument("--per-task", action="store_true",
                         help="per-task time table for the largest relax_tune budget")
+    parser.add_argument("--no-openvino", dest="openvino", action="store_false",
+                        help="leave OpenVINO out (pip install openvino, or '.[bench]')")
+    parser.add_argument("--no-torch-compile", dest="torch_compile", action="store_false",
+                        help="leave torch.compile out (max-autotune compiles for minutes and "
+                             "needs a C++ compiler)")
+    parser.add_argument("--torch-compile-timeout", type=float, default=1800, metavar="SECONDS",
+                        help="torch.compile that takes longer is an error row (default 1800)")
     parser.add_argument("--small", action="store_true", help="reduced input sizes (smoke run)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for every contender (default: usable cores)")
@@ -464,7 +511,6 @@ def main() -> int:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch (its libgomp) is imported
     import logging
 
-    import onnxruntime
     import torch
 
     set_torch_threads(torch, threads)
@@ -484,11 +530,14 @@ def main() -> int:
         f"target: {target}",
         f"relax_tune commit: {relax_tune_commit()}",
         f"threads: {threads} for every contender (TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']},"
-        f" torch.set_num_threads({torch.get_num_threads()}), ONNX Runtime intra_op={threads} "
-        f"inter_op=1; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')})",
+        f" torch.set_num_threads({torch.get_num_threads()}) for eager and torch.compile, ONNX "
+        f"Runtime intra_op={threads} inter_op=1, OpenVINO INFERENCE_NUM_THREADS={threads}; "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')})",
         f"versions: tvm {tvm.__version__}, torch {torch.__version__}, onnxruntime "
-        f"{onnxruntime.__version__}; inputs {'small (--small)' if args.small else 'full size'};"
-        f" batch 1, float32, random weights",
+        f"{module_version('onnxruntime')}, openvino "
+        f"{module_version('openvino') if args.openvino else 'off'}"
+        f"{'' if args.torch_compile else ', torch.compile off'}; inputs "
+        f"{'small (--small)' if args.small else 'full size'}; batch 1, float32, random weights",
         f"relax_tune budgets: {'fresh work_dir each' if args.fresh else 'incremental, one work_dir'}"
         f"{f'; by time {args.seconds} s, a fresh work_dir each' if args.seconds else ''}"
         f" (trials {args.trials or '-'}, per task {args.trials_per_task or '-'}, cost model "

@@ -1,6 +1,7 @@
 """The contenders of the real-model benchmark as rows to time: a compiled TVM module (untuned,
 MetaSchedule, relax_tune), and how rows are timed against each other (calibrated calls,
-interleaved rounds, per-round ratios against ONNX Runtime and PyTorch)."""
+interleaved rounds, per-round ratios against ONNX Runtime and PyTorch). The alternatives to
+TVM (PyTorch, ONNX Runtime, OpenVINO, torch.compile): ``benchmarks.alternatives``."""
 
 from __future__ import annotations
 
@@ -34,11 +35,13 @@ class Row:
     samples: list[float] = field(default_factory=list)
     ratio_ort: list[float] = field(default_factory=list)
     ratio_torch: list[float] = field(default_factory=list)
+    ratio_best: list[float] = field(default_factory=list)
     max_abs: float | None = None
     max_rel: float | None = None
     mismatch: bool = False
     number: int = 1
     warm: bool = True
+    keep: Any = None  # what must outlive the call (a VM, a session, a compiled model)
 
 
 def numpy_output(out) -> np.ndarray:
@@ -61,9 +64,7 @@ def tvm_row(contender: str, trials: str, ex, inputs_np, tune_secs=None) -> Row:
     vm = relax.VirtualMachine(ex, dev)
     func = vm["main"]
     args = [tvm.runtime.tensor(a, dev) for a in inputs_np]
-    row = Row(contender, trials, lambda: func(*args), tune_secs=tune_secs)
-    row.vm = vm  # keep the VM alive with its function
-    return row
+    return Row(contender, trials, lambda: func(*args), tune_secs=tune_secs, keep=vm)
 
 
 def compile_untuned(mod, params, target):

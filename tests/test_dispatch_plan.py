@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -96,9 +97,9 @@ def _write_ranges(work: str, ranges: list, records: dict | None = None) -> None:
 
 def test_apply_database_follows_the_plan(planned, target, tmp_path, caplog):
     """ApplyDatabase serves each stretch by the planned kernel (bucket 64's below 16, the
-    untuned function at 17..32, bucket 16's at 33..63: a second copy of its branch), right
-    at every size; with a plan measured on other records, each size goes to the nearest
-    bucket."""
+    untuned function at 17..32, bucket 16's at 33..63: a second copy of its branch; bucket
+    64's at 64 and above), right at every size; with a plan measured on other records, each
+    size goes to the nearest bucket."""
     work = str(tmp_path / "work")
     shutil.copytree(planned, work)
     _write_ranges(work, [[1, 15, 64], [17, 32, None], [33, 63, 16]])
@@ -109,11 +110,16 @@ def test_apply_database_follows_the_plan(planned, target, tmp_path, caplog):
     base = normalize_mod(symbolic_matmul())
     branches = [({"n": s}, dynamic.replay_symbolic(base, _best(work, s, target).trace_json,
                                                    {"n": s})) for s in (16, 64)]
-    expected = dynamic.dispatch_function(base["main"], branches,
-                                         served=[[[16, 16], [33, 63]], [[64, 64], [1, 15]]])
+    expected = dynamic.dispatch_function(
+        base["main"], branches, served=[[[16, 16], [33, 63]], [[64, 64], [1, 15], [65, None]]])
     assert tvm_ffi.structural_equal(out["main"].body, expected.body, map_free_vars=True)
     text = out["main"].script()
     assert "n == T.int64(16)" in text and "T.int64(33) <= n and n <= T.int64(63)" in text
+    # bucket 64 at its own size and the sizes above it: two copies (intermediates sized for
+    # 64 in the first, symbolic in the second)
+    assert "n == T.int64(64)" in text and "T.int64(65) <= n" in text
+    assert dynamic.dispatch._merged([[64, 64], [1, 15], [65, None], [16, 20], [90, None]]) \
+        == [(1, 20), (64, 64), (65, None)]
     lib = tvm.compile(tvm.IRModule({"main": out["main"].with_attr("global_symbol", "main")}),
                       target)
     rng = np.random.default_rng(5)
@@ -135,8 +141,9 @@ def test_apply_database_follows_the_plan(planned, target, tmp_path, caplog):
 
 def test_a_hinted_size_can_go_to_another_bucket(planned, target, tmp_path):
     """Where the plan gives a hinted size to another bucket's kernel (measured faster there),
-    its own bucket does not serve it; a plan without the hinted sizes (written before they
-    were timed) leaves each with its own bucket."""
+    its own bucket does not serve it (the largest size's kernel serves the sizes above it
+    too); a plan without the hinted sizes (written before they were timed) leaves each with
+    its own bucket."""
     work = str(tmp_path / "work")
     shutil.copytree(planned, work)
     base = normalize_mod(symbolic_matmul())
@@ -145,13 +152,13 @@ def test_a_hinted_size_can_go_to_another_bucket(planned, target, tmp_path):
     _write_ranges(work, [[1, 15, 64], [16, 16, 64], [17, 63, 16], [64, 64, 16]])
     with target:
         out = rt.ApplyDatabase(work_dir=work)(tvm.IRModule({"main": symbolic_matmul()}))
-    swapped = dynamic.dispatch_function(base["main"], branches,
-                                        served=[[[17, 63], [64, 64]], [[1, 15], [16, 16]]])
+    swapped = dynamic.dispatch_function(
+        base["main"], branches, served=[[[17, 63], [64, 64], [65, None]], [[1, 15], [16, 16]]])
     assert tvm_ffi.structural_equal(out["main"].body, swapped.body, map_free_vars=True)
     lib = tvm.compile(tvm.IRModule({"main": out["main"].with_attr("global_symbol", "main")}),
                       target)
     rng = np.random.default_rng(6)
-    for n in (1, 16, 40, 64):
+    for n in (1, 16, 40, 64, 97):
         a = rng.uniform(-1, 1, (n, 64)).astype("float32")
         b = rng.uniform(-1, 1, (64, 48)).astype("float32")
         c = tvm.runtime.tensor(np.zeros((n, 48), "float32"))
@@ -161,8 +168,8 @@ def test_a_hinted_size_can_go_to_another_bucket(planned, target, tmp_path):
     _write_ranges(work, [[1, 15, 64], [17, 63, 16]])
     with target:
         out = rt.ApplyDatabase(work_dir=work)(tvm.IRModule({"main": symbolic_matmul()}))
-    own = dynamic.dispatch_function(base["main"], branches,
-                                    served=[[[16, 16], [17, 63]], [[64, 64], [1, 15]]])
+    own = dynamic.dispatch_function(
+        base["main"], branches, served=[[[16, 16], [17, 63]], [[64, 64], [1, 15], [65, None]]])
     assert tvm_ffi.structural_equal(out["main"].body, own.body, map_free_vars=True)
 
 
@@ -182,6 +189,52 @@ def test_a_malformed_plan_falls_back_to_the_nearest_bucket(planned, target, tmp_
                                                    {"n": s})) for s in (16, 64)]
     nearest = dynamic.dispatch_function(base["main"], branches)
     assert tvm_ffi.structural_equal(out["main"].body, nearest.body, map_free_vars=True)
+
+
+def _per_call_secs(libs: dict, n: int, rounds: int = 7, calls: int = 20) -> dict[str, float]:
+    """Median seconds per call of each library's ``main`` (a symbolic matmul) at ``n``,
+    timed in interleaved rounds of ``calls`` calls after a warm-up call."""
+    rng = np.random.default_rng(n)
+    args = [tvm.runtime.tensor(rng.uniform(-1, 1, shape).astype("float32"))
+            for shape in ((n, 64), (64, 48), (n, 48))]
+    samples: dict[str, list[float]] = {name: [] for name in libs}
+    for _ in range(rounds):
+        for name, lib in libs.items():
+            func = lib["main"]
+            func(*args)
+            start = time.perf_counter()
+            for _ in range(calls):
+                func(*args)
+            samples[name].append((time.perf_counter() - start) / calls)
+    return {name: float(np.median(times)) for name, times in samples.items()}
+
+
+@pytest.mark.parametrize("follow_plan", [True, False])
+def test_sizes_past_the_largest_bucket_run_its_kernel(planned, target, tmp_path, follow_plan):
+    """Past the largest hinted size (64) the dispatch runs the largest bucket's kernel, not
+    the untuned function: right at sizes no tile divides, per row at least as fast at
+    n=256 as at n=64 (within 25%), and at least 1.5x faster than the untuned function
+    there (which it was until issue 43: 0.9x the untuned speed on a decoder block); with
+    the measured plan and with the nearest bucket alike."""
+    work = str(tmp_path / "work")
+    shutil.copytree(planned, work)
+    if not follow_plan:
+        os.remove(os.path.join(work, PLAN_FILE))
+    with target:
+        out = rt.ApplyDatabase(work_dir=work)(tvm.IRModule({"main": symbolic_matmul()}))
+    libs = {"dispatch": tvm.compile(tvm.IRModule(
+                {"main": out["main"].with_attr("global_symbol", "main")}), target),
+            "untuned": tvm.compile(tvm.IRModule({"main": symbolic_matmul()}), target)}
+    rng = np.random.default_rng(7)
+    for n in (65, 97, 131, 256, 301):
+        a = rng.uniform(-1, 1, (n, 64)).astype("float32")
+        b = rng.uniform(-1, 1, (64, 48)).astype("float32")
+        c = tvm.runtime.tensor(np.zeros((n, 48), "float32"))
+        libs["dispatch"]["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+        np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
+    at_hint, past = _per_call_secs(libs, 64), _per_call_secs(libs, 256)
+    assert past["dispatch"] / 256 <= 1.25 * at_hint["dispatch"] / 64, (at_hint, past)
+    assert past["dispatch"] * 1.5 <= past["untuned"], past
 
 
 def test_served_ranges_need_one_variable():

@@ -176,9 +176,9 @@ def test_apply_database_without_records_leaves_symbolic_functions_unchanged(targ
 # The dispatching function: a dynamic zoo
 
 BUCKETS = (16, 64)
-SIZES = (1, 13, 16, 17, 33, 64, 65)
+SIZES = (1, 13, 16, 17, 33, 64, 65, 131)
 """1, a prime, a bucket, between buckets (nearer the smaller, nearer the larger), the
-largest bucket, beyond it (untuned)."""
+largest bucket, beyond it (the largest bucket's kernel, at sizes no tile divides)."""
 
 
 def _ph(shape, name):
@@ -545,27 +545,39 @@ def test_symbolic_row_is_vectorised_in_tiles(target):
 
 def test_baseline_bucket_runs_the_untuned_body(target):
     """A bucket whose best record is the untuned function serves its sizes with the
-    untuned body, never with the next bucket's schedule."""
-    tensors, _ = _zoo("matmul")
+    untuned body, never with the next bucket's schedule; the largest bucket serves every
+    size above it with its own kernel (the untuned body when that is its best)."""
+    tensors, ref = _zoo("matmul")
     func = te.create_prim_func(tensors)
     base = normalize_mod(func)
     space = space_for_target(target)
-    tuned64 = dynamic.replay_symbolic(
-        base, _candidates(space, normalize_mod(dynamic.specialize(func, {"n": 64})), 7, 1)[0])
-    disp = dynamic.dispatch_function(base["main"], [({"n": 16}, None), ({"n": 64}, tuned64)])
+    tuned = {b: dynamic.replay_symbolic(base, _candidates(
+        space, normalize_mod(dynamic.specialize(func, {"n": b})), 7, 1)[0]) for b in (16, 64)}
+    disp = dynamic.dispatch_function(base["main"], [({"n": 16}, None), ({"n": 64}, tuned[64])])
     text = disp.script()
-    # 16 serves up to 32 (nearest on a log scale), 64 up to 64, the untuned body above
+    # 16 serves up to 32 (nearest on a log scale), 64 up to 64 and, in a copy, every size
+    # above
     first, rest = text.split("if n <= T.int64(32):")[1].split("else:", 1)
     assert "T.parallel" not in first and "T.parallel" in rest  # untuned body, then tuned
-    assert "if n <= T.int64(64):" in rest
+    second, above = rest.split("if n <= T.int64(64):")[1].split("\n        else:", 1)
+    assert "T.parallel" in second and "T.parallel" in above
+    # the largest bucket's best record is the untuned function: its body above 32
+    disp = dynamic.dispatch_function(base["main"], [({"n": 16}, tuned[16]), ({"n": 64}, None)])
+    first, rest = disp.script().split("if n <= T.int64(32):")[1].split("else:", 1)
+    assert "T.parallel" in first and "T.parallel" not in rest
+    lib = tvm.compile(tvm.IRModule({"main": disp}), target)
+    rng = np.random.default_rng(3)
+    for n in (5, 40, 100):
+        _run_at(lib, func, ref, n, rng)
     assert dynamic.upper_limit(16, [1, 16, 64]) == 32 and dynamic.upper_limit(1, [1, 16]) == 4
     assert dynamic.upper_limit(64, [16, 64]) == 64
 
 
 def test_branch_intermediates_are_sized_for_their_bucket(target):
     """Each bucket's branch allocates its intermediate buffers at the largest n it serves
-    (constant shapes: TVM compacts a tile of them to a constant tile), the untuned body
-    above the largest bucket keeps them symbolic, and every size still computes softmax."""
+    (constant shapes: TVM compacts a tile of them to a constant tile), the largest bucket's
+    copy for the sizes above it keeps them symbolic, and every size still computes
+    softmax."""
     tensors, ref = _zoo("softmax_rows")
     func = te.create_prim_func(tensors)
     base = normalize_mod(func)
@@ -573,9 +585,9 @@ def test_branch_intermediates_are_sized_for_their_bucket(target):
     text = disp.script()
     assert dynamic.BOUNDS_KEY not in text
     first, rest = text.split("if n <= T.int64(32):")[1].split("else:", 1)
-    second, untuned = rest.split("if n <= T.int64(64):")[1].split("else:", 1)
+    second, above = rest.split("if n <= T.int64(64):")[1].split("else:", 1)
     allocs = [[line for line in part.splitlines() if "sblock_alloc_buffer" in line]
-              for part in (first, second, untuned)]
+              for part in (first, second, above)]
     assert all(len(a) == 3 for a in allocs), allocs  # max, exp, sum
     assert all("T.int64(32)" in line and "(n" not in line for line in allocs[0])
     assert all("T.int64(64)" in line and "(n" not in line for line in allocs[1])
@@ -607,7 +619,7 @@ def test_pipeline_with_records_matches_untuned_at_every_size(target, tmp_path, c
     untuned function, so every bucket's tuned schedule is applied, where the measured
     dispatch plan does not give a size to another bucket) runs and matches the untuned
     build at 1, 7 (below the smallest bucket), 20 (between the buckets), 64 (a bucket)
-    and 65 (past the largest: the untuned function)."""
+    and 65 and 100 (past the largest: its kernel)."""
     mod, params = _attention_model()
     rng = np.random.default_rng(0)
     weights = {name: rng.uniform(-1, 1, [int(d) for d in p.shape]).astype("float32")
@@ -632,7 +644,7 @@ def test_pipeline_with_records_matches_untuned_at_every_size(target, tmp_path, c
     dispatched = {r.getMessage().split(":")[0] for r in caplog.records
                   if r.name == "relax_tune.dynamic.apply" and "dispatch over" in r.getMessage()}
     assert dispatched == {f for t in tasks for f in t.func_names}
-    for n in (1, 7, 20, 64, 65):
+    for n in (1, 7, 20, 64, 65, 100):
         x = rng.uniform(-1, 1, (1, n, 16)).astype("float32")
         np.testing.assert_allclose(_run(tuned, x), _run(untuned, x), rtol=1e-4, atol=1e-4,
                                    err_msg=f"n={n}")
@@ -668,7 +680,7 @@ def test_llama_rope_reads_only_inside_its_tensor():
 @pytest.mark.parametrize("name", ["llama_block", "bert_layer"])
 def test_reduced_decoder_and_encoder_through_the_pipeline(name, target, tmp_path):
     """The reduced Llama-style block and BERT-style layer tuned through the pipeline (hints
-    {16, 64}, one trial per task) match TVM's untuned build at 1, 13, 64 and 65."""
+    {16, 64}, one trial per task) match TVM's untuned build at 1, 13, 64, 65 and 100."""
     from relax_tune.lowering.prepare import bind_params
 
     mod, params = getattr(models, name)(dim=32, heads=2, hidden=64)
@@ -685,7 +697,7 @@ def test_reduced_decoder_and_encoder_through_the_pipeline(name, target, tmp_path
         "relax_tune", target=target, work_dir=str(tmp_path / "w"),
         max_trials_global=len(tasks), params=weights, shape_hints=hints,
         num_trials_per_iter=1, progress_bar=False))
-    for n in (1, 13, 64, 65):
+    for n in (1, 13, 64, 65, 100):
         x = rng.uniform(-1, 1, (1, n, 32)).astype("float32")
         np.testing.assert_allclose(_run(tuned, x), _run(untuned, x), rtol=1e-3, atol=1e-4,
                                    err_msg=f"{name} at n={n}")

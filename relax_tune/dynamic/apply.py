@@ -106,7 +106,8 @@ def apply_dynamic(db: Database, name: str, func: tirx.PrimFunc, target: tvm.targ
         logger.warning("%s: dispatching function not built (%s); left unchanged", name,
                        err)
         return None, False
-    logger.info("%s: dispatch over %s (tuned: %s; untuned: %s and above the largest)",
+    logger.info("%s: dispatch over %s (tuned: %s; untuned: %s; above the largest: its "
+                "kernel)",
                 name, ", ".join(Bucket(tuple(s.items())).label for s, _ in branches),
                 ", ".join(tuned), ", ".join(kept) or "none")
     return new, False

@@ -4,8 +4,10 @@
 ``dispatch_function``: one PrimFunc with the symbolic signature whose body is an
 ``if n <= l1 ... elif n <= l2 ... else`` chain, ``l`` the limits between neighbouring
 buckets (``upper_limit``: nearest bucket on a log scale), each branch a bucket's record
-replayed on the symbolic function (``relax_tune.dynamic.replay``). Sizes above the largest
-bucket run the untuned function. A bucket whose best record is its baseline (the untuned
+replayed on the symbolic function (``relax_tune.dynamic.replay``). The largest bucket
+also serves every size above it, in a copy of its branch whose intermediates stay symbolic
+(its branch is correct at every size, and faster than the untuned function:
+docs/design/dynamic-shapes.md, "Past the largest bucket"). A bucket whose best record is its baseline (the untuned
 function) runs the untuned body: never slower than untuned per bucket. With a measured plan
 (``relax_tune.dynamic.plan``) the branches serve the ranges timed fastest instead of the
 nearest bucket's (``dispatch_function``'s ``served``).
@@ -35,22 +37,25 @@ from .replay import replay_symbolic
 def dispatch_function(func: tirx.PrimFunc,
                       branches: Sequence[tuple[Mapping[str, int], tirx.PrimFunc | None]],
                       hinted: Mapping[str, Sequence[int]] | None = None,
-                      served: Sequence[Sequence[Sequence[int]]] | None = None
+                      served: Sequence[Sequence[Sequence[int | None]]] | None = None
                       ) -> tirx.PrimFunc:
     """One PrimFunc with ``func``'s signature that runs, for each symbolic value, the branch
-    of the nearest bucket, and ``func``'s own body above the largest one.
+    of the nearest bucket, the largest one's above it too.
 
     ``branches`` are ``(sizes, function)`` pairs, smallest first. A variable at size ``s``
     serves values up to ``upper_limit`` (the geometric mean of ``s`` and the next larger
     hinted size -- the branches' sizes, or ``hinted`` when given: nearest on a log scale;
     ``s`` itself for the largest). The first branch whose variables are all within their
-    limits runs. A branch whose function is None runs ``func``'s body (its bucket's best
-    record is the untuned function). Every branch function must be ``func`` scheduled
-    (same parameters).
+    limits runs, then a second copy of each branch at the largest hinted size of some of
+    its variables, with no limit on those (their intermediates stay symbolic there): the
+    largest bucket serves every value above it too. Values no branch serves (with several
+    variables) run ``func``'s body. A
+    branch whose function is None runs ``func``'s body (its bucket's best record is the
+    untuned function). Every branch function must be ``func`` scheduled (same parameters).
 
     ``served`` (a function of one symbolic variable only; ``plan``): per branch,
-    the ``[low, high]`` ranges of values it serves instead, measured; values in no range
-    run ``func``'s body."""
+    the ``[low, high]`` ranges of values it serves instead, measured (``high`` None: every
+    value from ``low`` up); values in no range run ``func``'s body."""
     variables = {v.name: v for v in symbolic_vars(func)}
     if hinted is None:
         hinted = {name: sorted({int(sizes[name]) for sizes, _ in branches if name in sizes})
@@ -70,17 +75,27 @@ def dispatch_function(func: tirx.PrimFunc,
             # that run: one copy sized for the largest range it serves slows the small sizes
             # (measured: docs/design/dispatch-plan.md, "Per-range copies")
             for low, high in reversed(_merged(served[index])):
+                bounds = {} if high is None else {var.name: high}
                 body = tirx.IfThenElse(_in_range(var, low, high),
-                                       _mark_bounds(branch.body, {var.name: high}, variables),
-                                       body)
+                                       _mark_bounds(branch.body, bounds, variables), body)
             continue
-        cond, limits = None, {}
+        branch = _same_params(func if branch is None else branch, func)
+        cond, limits, open_cond, open_limits = None, {}, None, {}
         for name, size in sizes.items():
             var = variables[name]
-            limits[name] = upper_limit(int(size), hinted.get(name, [size]))
+            sizes_of = hinted.get(name, [size])
+            limits[name] = upper_limit(int(size), sizes_of)
             term = var <= tirx.IntImm(_dtype(var), limits[name])
             cond = term if cond is None else tirx.And(cond, term)
-        branch = _same_params(func if branch is None else branch, func)
+            if int(size) < max(int(s) for s in sizes_of):
+                open_limits[name] = limits[name]
+                open_cond = term if open_cond is None else tirx.And(open_cond, term)
+        if open_limits != limits:
+            # the largest bucket also serves every value above it, in a copy of its own
+            # whose intermediates stay symbolic: the copy up to its size keeps them sized
+            # for it (measured: docs/design/dynamic-shapes.md, "Past the largest bucket")
+            above = _mark_bounds(branch.body, open_limits, variables)
+            body = above if open_cond is None else tirx.IfThenElse(open_cond, above, body)
         body = tirx.IfThenElse(cond, _mark_bounds(branch.body, limits, variables), body)
     # The branches share loop variables and intermediate buffers with each other and with
     # ``func``, which the compiler rejects. TVMScript prints each definition site as its own
@@ -90,21 +105,29 @@ def dispatch_function(func: tirx.PrimFunc,
     return tvm.script.from_source(_bound_intermediates(text))["main"]
 
 
-def _merged(ranges: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
-    """The inclusive ``[low, high]`` ``ranges`` sorted, adjacent and overlapping ones
-    merged."""
+def _merged(ranges: Sequence[Sequence[int | None]]) -> list[tuple[int, int | None]]:
+    """The inclusive ``[low, high]`` ``ranges`` sorted, adjacent and overlapping ones merged;
+    the unbounded ones (``high`` None) last, merged into one of their own from the lowest
+    ``low`` (a bounded range next to it keeps its copy with its intermediates sized)."""
     merged: list[list[int]] = []
-    for low, high in sorted((int(a), int(b)) for a, b in ranges):
+    for low, high in sorted((int(a), int(b)) for a, b in ranges if b is not None):
         if merged and low <= merged[-1][1] + 1:
             merged[-1][1] = max(merged[-1][1], high)
         else:
             merged.append([low, high])
-    return [(low, high) for low, high in merged]
+    out: list[tuple[int, int | None]] = [(low, high) for low, high in merged]
+    lows = [int(a) for a, b in ranges if b is None]
+    if lows:
+        out.append((min(lows), None))
+    return out
 
 
-def _in_range(var: tirx.Var, low: int, high: int):
-    """The condition ``low <= var <= high`` (for a size, ``var <= high`` when ``low`` is 1)."""
+def _in_range(var: tirx.Var, low: int, high: int | None):
+    """The condition ``low <= var <= high`` (for a size, ``var <= high`` when ``low`` is 1;
+    ``low <= var`` when ``high`` is None)."""
     value = lambda x: tirx.IntImm(_dtype(var), x)  # noqa: E731
+    if high is None:
+        return value(low) <= var
     if low == high:
         return var == value(low)
     if low <= 1:
@@ -119,8 +142,8 @@ removed by ``_bound_intermediates`` (TVMScript text)."""
 
 def _mark_bounds(stmt, limits: Mapping[str, int], variables: Mapping) -> tirx.Stmt:
     """``stmt`` (a branch's root block) annotated with the largest value of each symbolic
-    variable its branch serves."""
-    if not isinstance(stmt, SBlockRealize):
+    variable its branch serves (none in ``limits``: its intermediates stay symbolic)."""
+    if not isinstance(stmt, SBlockRealize) or not limits:
         return stmt
     block = stmt.block
     annotations = dict(block.annotations)
@@ -213,7 +236,8 @@ def dispatch_workload(symbolic: tvm.IRModule, sizes: Mapping[str, int],
     spec = {"sizes": {str(k): int(v) for k, v in sizes.items()},
             "hinted": {str(k): [int(x) for x in v] for k, v in hinted.items()}}
     if serves is not None:
-        spec["serves"] = [[int(low), int(high)] for low, high in serves]
+        spec["serves"] = [[int(low), None if high is None else int(high)]
+                          for low, high in serves]
     func = symbolic["main"].with_attr(DISPATCH_KEY, json.dumps(spec))
     return tvm.IRModule({"main": func.with_attr(BUILD_WITH_ATTR, BUILDER)})
 
@@ -246,7 +270,7 @@ def dispatch_module(mod: tvm.IRModule, trace_json: list | None) -> tvm.IRModule 
 def upper_limit(size: int, sizes: Sequence[int]) -> int:
     """The largest value the bucket at ``size`` serves among the hinted ``sizes``: up to the
     geometric mean with the next larger size (the nearest bucket on a log scale), ``size``
-    itself for the largest (above it the untuned function runs)."""
+    itself for the largest (which ``dispatch_function`` lets serve every size above it)."""
     larger = [s for s in sorted(sizes) if s > size]
     if not larger:
         return int(size)

@@ -10,7 +10,8 @@ one probe size inside each stretch between neighbouring hinted sizes (four stret
 gap, one split where the nearest bucket changes; ``stretches``). A stretch (or hinted
 size) goes to the fastest there when it is clearly faster (``MARGIN``) than the nearest
 bucket, stays so timed alternately with it (``head_to_head``), and computes the right
-result at the probe; sizes above the largest go to the untuned function.
+result at the probe; sizes above the largest go to the kernel that serves the largest
+(``served_ranges``).
 
 The plan is kept in ``work_dir/dispatch_plan.json`` with the record each bucket was timed
 with; ``ApplyDatabase`` follows it (``served_ranges``) only while every bucket still
@@ -106,7 +107,8 @@ def served_ranges(plans: dict[str, dict[str, Any]], base: tvm.IRModule,
     """``dispatch.dispatch_function``'s ``served`` for the symbolic function ``base`` whose
     buckets apply ``branches`` (``(sizes, function or None)``) with the records ``keys``
     (None: untuned), from its plan; None (nearest bucket) without a plan, or when the
-    plan was measured with other records."""
+    plan was measured with other records. Sizes above the largest bucket go, unbounded
+    (``[largest + 1, None]``), to the kernel the plan gives the largest bucket's size."""
     plan = plans.get(str(structural_hash(base)))
     if not plan:
         return None
@@ -117,13 +119,19 @@ def served_ranges(plans: dict[str, dict[str, Any]], base: tvm.IRModule,
                     "bucket serves each size", label)
         return None
     try:
-        served: list[list[list[int]]] = []
-        for sizes, _ in branches:
-            size = int(next(iter(sizes.values())))
+        served: list[list[list[int | None]]] = []
+        bucket_sizes = [int(next(iter(sizes.values()))) for sizes, _ in branches]
+        for size in bucket_sizes:
             own = [] if any(int(low) <= size <= int(high) for low, high, _ in plan["ranges"]) \
                 else [[size, size]]  # plans before hinted sizes were timed
             served.append(own + [[int(low), int(high)] for low, high, owner in plan["ranges"]
                                  if owner == size])
+        # above the largest bucket: the kernel that serves the largest (unbounded)
+        top = max(bucket_sizes)
+        server = next((i for i, ranges in enumerate(served)
+                       if any(low <= top <= high for low, high in ranges)), None)
+        if server is not None:
+            served[server].append([top + 1, None])
     except (KeyError, TypeError, ValueError) as err:  # a plan file edited by hand
         logger.warning("%s: its dispatch plan is malformed (%s: %s); the nearest bucket "
                        "serves each size", label, type(err).__name__, err)

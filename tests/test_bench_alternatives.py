@@ -1,0 +1,60 @@
+"""The real-model benchmark's alternatives (``benchmarks.alternatives``): the fastest of them is
+every row's reference, a contender that cannot compile is a row with its error, and OpenVINO
+(where installed: it is in the ``bench`` extra, not ``test``) computes what PyTorch does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.alternatives import (CompileTimeout, best_alternative, openvino_row,
+                                     ratios_to_best, time_limit, torch_compile_row)
+from benchmarks.contenders import Row, numpy_output
+
+
+def _timed(contender: str, samples: list[float]) -> Row:
+    return Row(contender, "-", lambda: None, samples=list(samples))
+
+
+def test_the_fastest_alternative_is_the_reference():
+    """The reference is the alternative of lowest median (OpenVINO here, though ONNX Runtime
+    has the single fastest round); ratios are per round against it; TVM rows and untimed
+    rows are never the reference."""
+    rows = [_timed("pytorch", [4.0, 4.0, 4.0]), _timed("onnxruntime", [1.0, 3.0, 3.0]),
+            _timed("openvino", [2.0, 2.0, 2.0]), _timed("relax_tune", [1.0, 4.0, 2.0]),
+            _timed("tvm-untuned", [0.5, 0.5, 0.5]),
+            Row("torch.compile", "-", None, error="CompileTimeout: ...")]
+    best = ratios_to_best(rows)
+    assert best is rows[2] and best_alternative(rows) is rows[2]
+    assert rows[3].ratio_best == [2.0, 0.5, 1.0]
+    assert rows[2].ratio_best == [1.0, 1.0, 1.0]
+    assert rows[5].ratio_best == []
+    assert ratios_to_best([_timed("relax_tune", [1.0])]) is None
+
+
+def test_torch_compile_past_its_time_limit_is_an_error_row():
+    """A torch.compile that outlasts --torch-compile-timeout gives a row with the error (and
+    the time it took), no exception; the alarm is off afterwards."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    row = torch_compile_row(model, (torch.randn(2, 8),), timeout=1e-3)
+    assert row.call is None and row.contender == "torch.compile"
+    assert "longer than" in row.error and row.tune_secs is not None
+    with pytest.raises(CompileTimeout), time_limit(0.05):
+        while True:
+            pass
+    with time_limit(None):
+        pass
+
+
+def test_openvino_computes_what_pytorch_does():
+    pytest.importorskip("openvino")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                torch.nn.Linear(32, 4)).eval()
+    x = torch.randn(3, 16)
+    row = openvino_row(model, [x.numpy()], threads=1, example_input=(x,))
+    with torch.inference_mode():
+        ref = model(x).numpy()
+    np.testing.assert_allclose(numpy_output(row.call()), ref, rtol=1e-5, atol=1e-5)
+    assert row.tune_secs > 0 and row.error is None
