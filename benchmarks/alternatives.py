@@ -103,11 +103,15 @@ def torch_compile_row(model, inputs, timeout: float | None) -> Row:
     freezing (``torch._inductor.config.freezing = True``: weights folded as constants,
     oneDNN-packed), under ``torch.inference_mode()``. Compiled by its first two calls
     (freezing compiles on the first under inference mode), whose time is its "tune wall
-    s"; past ``timeout`` seconds it is an error row."""
+    s"; past ``timeout`` seconds it is an error row. Inductor's on-disk caches are off
+    (``force_disable_caches``), so the time is a first compilation's, as relax_tune's rows
+    tune in fresh work_dirs (with the caches a second run skips the autotuning:
+    docs/usage/benchmarks.md)."""
     import torch
     import torch._inductor.config as inductor_config
 
     inductor_config.freezing = True
+    inductor_config.force_disable_caches = True
     compiled = torch.compile(model, mode="max-autotune-no-cudagraphs")
 
     def call():

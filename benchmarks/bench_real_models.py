@@ -24,7 +24,8 @@ Rows per model:
   "tune wall s" is conversion plus compilation.
 - ``torch.compile`` (``--no-torch-compile``): Inductor with ``freezing = True``,
   ``mode="max-autotune-no-cudagraphs"``, under ``torch.inference_mode()``; "tune wall s" is
-  its compilation (its first two calls). It needs a C++ compiler; past
+  its compilation (its first two calls, Inductor's on-disk caches off: a first compilation,
+  as relax_tune's rows tune in fresh work_dirs). It needs a C++ compiler; past
   ``--torch-compile-timeout`` seconds, or on any compile error, its row holds the error.
 - ``tvm-untuned``: ``torch.export`` -> ``from_exported_program(keep_params_as_input=True)`` ->
   ``detach_params``, weights bound, ``relax.get_pipeline("zero")``, ``tvm.compile``: TVM's
