@@ -286,6 +286,7 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
         return last_wd
 
     last_wd = relax_tune_rows(args.cost_model, budgets, "relax_tune")
+    last_row = next((r for r in reversed(rows) if r.contender == "relax_tune"), None)
     prior_budgets = [k * n_tasks for k in args.prior_trials_per_task if k > 0]
     if prior_budgets:
         relax_tune_rows("xgb-prior", prior_budgets, "relax_tune(prior)")
@@ -306,6 +307,8 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
             wall = time.perf_counter() - start
             done = measured_trials(wd, tasks)
             rows.append(tvm_row(f"relax_tune({secs:g}s{tag})", f"{done}", ex, inputs_np, wall))
+            if transfer:
+                last_wd, last_row = wd, rows[-1]
             log(f"  {wall:.0f} s whole compile, {done} trials")
         except Exception as err:
             rows.append(Row(f"relax_tune({secs:g}s{tag})", "?", None,
@@ -323,6 +326,7 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
             done = measured_trials(wd, tasks)
             rows.append(tvm_row("relax_tune(time)", f"{done}/{args.max_time:.0f}s", ex,
                                 inputs_np, wall))
+            last_wd, last_row = wd, rows[-1]
             log(f"  {wall:.0f} s, {done} trials")
         except Exception as err:
             rows.append(Row("relax_tune(time)", f"?/{args.max_time:.0f}s", None,
@@ -362,39 +366,65 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
         info += f"; best alternative: {best.contender}"
 
     if args.per_task and last_wd is not None:
-        info += "\n\n" + per_task_table(name, last_wd, tasks, rows)
+        info += "\n\n" + per_task_table(name, last_wd, tasks, last_row, inputs_np)
     return rows, info
 
 
-def per_task_table(name: str, work_dir: str, tasks, rows: list[Row]) -> str:
-    """Per task of the largest relax_tune budget: weight x applied latency, largest first."""
+def per_task_table(name: str, work_dir: str, tasks, row: Row | None, inputs_np) -> str:
+    """Per task of the last relax_tune row (``row``, compiled from ``work_dir``): weight x
+    applied latency from the database (measured alone), beside the task's kernels timed in
+    place in the whole model (``relax_tune.profile``); the whole model against the sum of
+    its tasks."""
+    from relax_tune.profile import base_name, profile_model
+
     try:
         summaries = relax_tune_summaries(work_dir, tasks)
     except Exception as err:
         return f"(per-task table unavailable: {err})"
+    in_model: dict[str, float] = {}
+    if row is not None and getattr(row, "executable", None) is not None:
+        try:
+            for k in profile_model(row.executable, inputs_np, "main", runs=10):
+                in_model[base_name(k.name)] = in_model.get(base_name(k.name), 0.0) + k.secs
+        except Exception as err:  # the table without the in-model column
+            log(f"!!! {name}: in-model profile failed: {err}")
     known = [s for s in summaries if s.applied_secs]
     total = sum(s.effective_weight * s.applied_secs for s in known)
-    measured = [r for r in rows if r.contender == "relax_tune" and r.samples]
-    lines = [f"Per task, {name}, largest relax_tune budget ({os.path.basename(work_dir)}): "
-             f"applied latency x weight, from the work_dir database",
+    lines = [f"Per task, {name}, {row.contender if row else 'relax_tune'} "
+             f"({os.path.basename(work_dir)}): weight x applied latency from the work_dir "
+             f"database (timed alone), and the task's kernels timed in place in the model",
              "",
              "| task | shape | weight | trials | untuned us | applied us | weight x applied ms"
-             " | share | speedup |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for s in sorted(known, key=lambda s: -s.effective_weight * s.applied_secs):
-        w_ms = s.effective_weight * s.applied_secs * 1e3
+             " | in model ms | in model / alone | share | speedup |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    def cost(s) -> float:  # the heaviest first: measured alone, else in place
+        return s.effective_weight * s.applied_secs if s.applied_secs \
+            else in_model.get(s.name, 0.0)
+
+    for s in sorted(summaries, key=lambda s: -cost(s)):
+        w_ms = s.effective_weight * s.applied_secs * 1e3 if s.applied_secs else None
         base = f"{s.baseline_secs * 1e6:.1f}" if s.baseline_secs else "-"
         speed = f"{s.speedup:.2f}x" if s.speedup else "-"
+        placed = in_model.get(s.name)
+        placed_ms = f"{placed * 1e3:.3f}" if placed is not None else "-"
+        ratio = f"{placed * 1e3 / w_ms:.2f}x" if placed is not None and w_ms else "-"
+        alone = (f"{s.applied_secs * 1e6:.1f} | {w_ms:.3f}" if w_ms is not None
+                 else "- | -")
+        share = f"{100 * w_ms / 1e3 / total:.1f}%" if w_ms is not None and total else "-"
         lines.append(f"| {s.name} | {s.shape} | {s.weight if s.weight is not None else '?'} | "
-                     f"{s.trials} | {base} | {s.applied_secs * 1e6:.1f} | {w_ms:.3f} | "
-                     f"{100 * s.effective_weight * s.applied_secs / total:.1f}% | {speed} |")
+                     f"{s.trials} | {base} | {alone} | {placed_ms} | {ratio} | {share} | "
+                     f"{speed} |")
     missing = len(summaries) - len(known)
+    whole = np.median(row.samples) if row is not None and row.samples else None
     lines.append("")
-    lines.append(f"sum of tasks: {total * 1e3:.3f} ms"
-                 + (f" ({missing} workloads without a time left out)" if missing else "")
-                 + (f"; measured end-to-end (largest budget): "
-                    f"{np.median(measured[-1].samples) * 1e3:.3f} ms" if measured else "")
-                 + " (the difference is VM overhead, allocation and untunable ops)")
+    lines.append(f"sum of tasks (timed alone): {total * 1e3:.3f} ms"
+                 + (f" ({missing} workloads without a measured time left out)"
+                    if missing else "")
+                 + (f"; kernels in place: {sum(in_model.values()) * 1e3:.3f} ms, "
+                    f"{sum(v for k, v in in_model.items() if k.startswith('vm.builtin')) * 1e3:.3f}"
+                    " ms of it the VM's builtins" if in_model else "")
+                 + (f"; whole model: {whole * 1e3:.3f} ms = {whole / total:.2f}x the sum of "
+                    "its tasks" if whole and total else ""))
     return "\n".join(lines)
 
 

@@ -42,6 +42,7 @@ class Row:
     number: int = 1
     warm: bool = True
     keep: Any = None  # what must outlive the call (a VM, a session, a compiled model)
+    executable: Any = None  # a TVM row's compiled module (profiled in place by --per-task)
 
 
 def numpy_output(out) -> np.ndarray:
@@ -64,7 +65,8 @@ def tvm_row(contender: str, trials: str, ex, inputs_np, tune_secs=None) -> Row:
     vm = relax.VirtualMachine(ex, dev)
     func = vm["main"]
     args = [tvm.runtime.tensor(a, dev) for a in inputs_np]
-    return Row(contender, trials, lambda: func(*args), tune_secs=tune_secs, keep=vm)
+    return Row(contender, trials, lambda: func(*args), tune_secs=tune_secs, keep=vm,
+               executable=ex)
 
 
 def compile_untuned(mod, params, target):
