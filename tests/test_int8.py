@@ -26,14 +26,21 @@ from tvm import relax
 import relax_tune as rt
 from relax_tune.lowering.int8 import IntegerQDQ
 from relax_tune.model_loader import load_model
+from relax_tune.space import generate_design_space, space_for_target, without_decisions
+from relax_tune.space.cpu.int8_intrin import VNNI_16X4, int8_dot_intrinsic
+from relax_tune.utils import host_target, schedule_from_json, trace_to_json
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxruntime.quantization")
+try:  # the model tests need both; the instruction tests below run without them
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime import quantization as _  # noqa: F401
 
-from relax_tune.testing.quantized import block_model, cnn_model, save_quantized  # noqa: E402
+    from relax_tune.testing.quantized import block_model, cnn_model, save_quantized
+except ImportError:
+    onnx = ort = None
+needs_ort = pytest.mark.skipif(ort is None, reason="needs onnx and onnxruntime")
 
-MODELS = {"cnn": cnn_model, "block": block_model}
+MODELS = {"cnn": "cnn_model", "block": "block_model"}
 STEPS = {"cnn": 1, "block": 3}  # see the module docstring
 INTEGER_KERNELS = {"cnn": 4, "block": 8}  # 3 convolutions + Gemm; 6 weight matmuls + 2 attention
 TUNED = {"cnn": ["conv2d"], "block": ["matmul"]}  # a few trials on the integer kernels
@@ -45,7 +52,7 @@ def models(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("int8"))
     out = {}
     for name, make in MODELS.items():
-        model = make()
+        model = globals()[make]()
         float_path, qdq_path = save_quantized(model, folder, name)
         shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
         x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
@@ -83,6 +90,7 @@ def _calls(mod: tvm.IRModule, name: str, dtype: str | None = None) -> list:
     return found
 
 
+@needs_ort
 def test_importer_reads_qdq_as_relax_quantize_and_dequantize(models):
     path = models["cnn"][1]
     nodes = [n.op_type for n in onnx.load(path).graph.node]
@@ -97,6 +105,7 @@ def test_importer_reads_qdq_as_relax_quantize_and_dequantize(models):
                and int(c.args[1].ty.shape[0]) == int(c.args[0].ty.shape[0]) for c in weights)
 
 
+@needs_ort
 @pytest.mark.parametrize("name", list(MODELS))
 def test_integer_qdq_computes_convolutions_and_matmuls_in_int32(models, name):
     mod = load_model(models[name][1]).mod
@@ -111,6 +120,7 @@ def test_integer_qdq_computes_convolutions_and_matmuls_in_int32(models, name):
                 if str(c.ty.dtype) == "float32"]
 
 
+@needs_ort
 @pytest.mark.parametrize("name", list(MODELS))
 def test_pipeline_matches_onnx_runtime_int8(models, name, target, tmp_path):
     float_path, qdq_path, x = models[name]
@@ -135,6 +145,7 @@ def test_pipeline_matches_onnx_runtime_int8(models, name, target, tmp_path):
     assert any("int32" in t.mod.script() and "uint8" in t.mod.script() for t in tasks)
 
 
+@needs_ort
 def test_int8_false_keeps_float_arithmetic(models, target):
     loaded = load_model(models["cnn"][1])
     with target:
@@ -143,3 +154,102 @@ def test_int8_false_keeps_float_arithmetic(models, target):
     scripts = [t.mod.script() for t in rt.extract_tasks(floaty, target)]
     assert not any('"int8"' in s and "conv" in s for s in scripts)
     assert any('"int8"' in t.mod.script() for t in rt.extract_tasks(integer, target))
+
+
+VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})
+"""An AVX512-VNNI target: LLVM compiles for it on any x86 host (nothing runs there)."""
+
+
+def _integer_kernel(kind: str) -> tvm.IRModule:
+    """The int8 task (u8 x s8 -> int32 with a requantisation epilogue) of a one-layer model
+    written with the Relax ops ``IntegerQDQ`` emits, lowered for ``VNNI``."""
+    rng = np.random.default_rng(3)
+    if kind == "matmul":
+        x = relax.Var("x", relax.TensorType((16, 64), "uint8"))
+        w = relax.const(rng.integers(-127, 128, (64, 32)).astype("int8"))
+        acc = relax.op.matmul(x, w, out_dtype="int32")
+    else:
+        x = relax.Var("x", relax.TensorType((1, 32, 8, 8), "uint8"))
+        w = relax.const(rng.integers(-127, 128, (32, 32, 3, 3)).astype("int8"))
+        acc = relax.op.nn.conv2d(x, w, out_dtype="int32")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = relax.op.round(relax.op.multiply(relax.op.astype(acc, "float32"),
+                                                 relax.const(np.float32(1 / 4096))))
+            out = bb.emit_output(relax.op.astype(relax.op.clip(y, 0, 255), "uint8"))
+        bb.emit_func_output(out)
+    with VNNI:
+        lowered = tvm.transform.Sequential(rt.transform.lowering_passes(VNNI))(bb.get())
+    (task,) = [t for t in rt.extract_tasks(lowered, VNNI) if "int32" in t.mod.script()]
+    return task.mod
+
+
+def _asm(mod: tvm.IRModule, target) -> str:
+    return tvm.compile(mod, target=target).mod.inspect_source("asm")
+
+
+def _run(mod: tvm.IRModule, target) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    args = []
+    for p in mod["main"].params:
+        shape, dtype = [int(d) for d in p.shape], str(p.dtype)
+        low, high = (0, 256) if dtype == "uint8" else (-127, 128)
+        args.append(tvm.runtime.tensor(rng.integers(low, high, shape).astype(dtype)))
+    tvm.compile(mod, target=target)["main"](*args)
+    return args[-1].numpy()
+
+
+def test_int8_dot_instruction_is_read_from_target_features():
+    assert int8_dot_intrinsic(VNNI) == VNNI_16X4
+    for mcpu in ("skylake-avx512", "haswell", "znver3"):  # AVX-512 / AVX2 without VNNI
+        assert int8_dot_intrinsic(tvm.target.Target({"kind": "llvm", "mcpu": mcpu})) is None
+    with_attr = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512",
+                                   "mattr": ["+avx512vnni"]})
+    assert int8_dot_intrinsic(with_attr) == VNNI_16X4
+    assert int8_dot_intrinsic(tvm.target.Target("cuda")) is None
+
+
+@pytest.mark.parametrize("kind", ["matmul", "conv2d"])
+def test_int8_kernels_are_tensorized_with_vpdpbusd(kind):
+    mod = _integer_kernel(kind)
+    if kind == "matmul":  # LLVM alone does not find it (it does for the convolution's
+        assert "vpdpbusd" not in _asm(mod, VNNI)  # contiguous channel sum, one row a time)
+    space = space_for_target(VNNI)
+    sketches = generate_design_space(mod, VNNI)
+    assert len(sketches) == 1 and any(VNNI_16X4 in str(i.attrs) or "Tensorize" in
+                                      i.kind.name for i in sketches[0].insts)
+    for seed in (11, 12):
+        candidate = space.replay(mod, without_decisions(sketches[0]), seed=seed)
+        assert candidate.error is None, candidate.error
+        assert "vpdpbusd" in _asm(candidate.sch.mod, VNNI)
+        # the record's JSON form replays (what the database stores)
+        replayed = schedule_from_json(mod, trace_to_json(candidate.sch.trace))
+        tvm.ir.assert_structural_equal(replayed.mod, candidate.sch.mod)
+        host = host_target()
+        if int8_dot_intrinsic(host) is not None:  # the host runs it: same integers
+            np.testing.assert_array_equal(_run(candidate.sch.mod, host), _run(mod, host))
+
+
+def test_targets_without_the_instruction_keep_the_block_rules():
+    mod = _integer_kernel("matmul")
+    avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    for sketch in generate_design_space(mod, avx2):
+        assert not any(i.kind.name == "Tensorize" for i in sketch.insts)
+
+
+def test_tuning_measures_the_tensorized_kernel(tmp_path):
+    """On a host with the instruction: the tuner builds, times and checks the tensorized
+    candidates (the intrinsic is registered in its worker processes too), and the module with
+    the best applied gives the untuned function's integers."""
+    host = host_target()
+    if int8_dot_intrinsic(host) is None:
+        pytest.skip("this CPU has no int8 dot-product instruction relax_tune tensorizes with")
+    mod = _integer_kernel("matmul")
+    db = rt.tune_tir(mod, host, work_dir=str(tmp_path), max_trials_global=4,
+                     num_trials_per_iter=4)
+    records = [r for r in db.get_all_tuning_records() if VNNI_16X4 in str(r.trace)]
+    assert records and all(r.run_secs[0] < 1 for r in records)  # measured, none failed
+    with host:
+        applied = rt.ApplyDatabase(work_dir=str(tmp_path))(mod)
+    np.testing.assert_array_equal(_run(applied, host), _run(mod, host))
