@@ -75,7 +75,7 @@ import numpy as np
 
 from benchmarks.contenders import (Row, import_tensor_intrin, numpy_output, calibrate,
                                    compile_metaschedule, compile_untuned, interleave,
-                                   metaschedule_tasks, tvm_row)
+                                   metaschedule_tasks, ort_session, torch_row, tvm_row)
 from benchmarks.int8 import bench_int8_model
 from benchmarks.real_models import MODEL_NAMES, NOTES, cpu_model, make_model, set_torch_threads
 
@@ -135,25 +135,15 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     model, inputs, desc = make_model(name, args.small)
     inputs_np = [t.numpy() for t in inputs]
     log(f"{name} ({desc}): PyTorch eager")
-    with torch.inference_mode():
-        ref = model(*inputs).numpy()
-
-    def torch_call():
-        with torch.inference_mode():
-            return model(*inputs)
-
-    rows = [Row("pytorch", "-", torch_call)]
+    torch_reference, ref = torch_row(model, inputs)
+    rows = [torch_reference]
 
     # ONNX Runtime
     log(f"{name}: torch.onnx.export + ONNX Runtime")
     try:
         onnx_path = os.path.join(root, f"{name}.onnx")
         torch.onnx.export(model, inputs, onnx_path, verbose=False)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+        sess = ort_session(onnx_path, threads)
         feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs_np)}
         rows.append(Row("onnxruntime", "-", lambda: sess.run(None, feed)))
     except Exception as err:

@@ -52,6 +52,32 @@ def numpy_output(out) -> np.ndarray:
     return np.asarray(out)
 
 
+def torch_row(model, inputs) -> tuple[Row, np.ndarray]:
+    """The PyTorch eager row (``torch.inference_mode()``) and its output, the reference."""
+    import torch
+
+    with torch.inference_mode():
+        ref = model(*inputs).numpy()
+
+    def call():
+        with torch.inference_mode():
+            return model(*inputs)
+
+    return Row("pytorch", "-", call), ref
+
+
+def ort_session(path: str, threads: int):
+    """An ONNX Runtime CPU session on ``threads`` intra-op threads, one inter-op thread,
+    sequential execution (as every contender runs)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
 def tvm_row(contender: str, trials: str, ex, inputs_np, tune_secs=None) -> Row:
     """A row that calls the compiled TVM module ``ex``'s ``main`` on ``inputs_np``."""
     import tvm

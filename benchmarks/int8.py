@@ -25,18 +25,9 @@ import time
 
 import numpy as np
 
-from benchmarks.contenders import Row, calibrate, interleave, numpy_output, tvm_row
+from benchmarks.contenders import (Row, calibrate, interleave, numpy_output, ort_session,
+                                   torch_row, tvm_row)
 from benchmarks.real_models import make_model
-
-
-def _ort_session(path: str, threads: int):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
 def _output_scale(path: str) -> float | None:
@@ -66,14 +57,8 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
 
     model, inputs, desc = make_model(name, args.small)
     inputs_np = [t.numpy() for t in inputs]
-    with torch.inference_mode():
-        ref = model(*inputs).numpy()
-
-    def torch_call():
-        with torch.inference_mode():
-            return model(*inputs)
-
-    rows = [Row("pytorch", "-", torch_call)]
+    torch_reference, ref = torch_row(model, inputs)
+    rows = [torch_reference]
     float_path = os.path.join(root, f"{name}.onnx")
     qdq_path = os.path.join(root, f"{name}_qdq.onnx")
     log(f"{name} ({desc}): ONNX export, quantize_static ({args.calibration} inputs)")
@@ -83,7 +68,7 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
                  calibration_inputs(inputs_np[0].shape, args.calibration, "x"))
     info = f"{name} ({desc}) int8: quantized in {time.perf_counter() - start:.0f} s"
     for contender, path in (("onnxruntime-fp32", float_path), ("onnxruntime", qdq_path)):
-        sess = _ort_session(path, threads)
+        sess = ort_session(path, threads)
         feed = {sess.get_inputs()[0].name: inputs_np[0]}
         rows.append(Row(contender, "-", lambda s=sess, f=feed: s.run(None, f)))
 

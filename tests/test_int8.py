@@ -156,6 +156,23 @@ def test_int8_false_keeps_float_arithmetic(models, target):
     assert any('"int8"' in t.mod.script() for t in rt.extract_tasks(integer, target))
 
 
+@needs_ort
+def test_asymmetric_u8_weights_stay_float_and_correct(target, tmp_path):
+    """u8 weights with zero points (weight_type QUInt8, per tensor) are outside what the
+    rewrite covers: the convolutions keep TVM's float arithmetic, and the output is still
+    ONNX's QDQ meaning."""
+    float_path, qdq_path = save_quantized(cnn_model(), str(tmp_path), "cnn_u8",
+                                          per_channel=False, weight_type="uint8")
+    mod = load_model(qdq_path).mod
+    assert not _calls(IntegerQDQ()(mod), "relax.nn.conv2d", "int32")
+    x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=str(tmp_path / "w"), max_trials_global=0))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    steps = np.abs(got - _ort(qdq_path, x, basic=True)) / _output_scale(qdq_path)
+    assert steps.max() <= 1 + 1e-3 and np.mean(steps > 0.5) <= 0.01
+
+
 VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})
 """An AVX512-VNNI target: LLVM compiles for it on any x86 host (nothing runs there)."""
 

@@ -191,6 +191,9 @@ def _rewrite(matched: relax.Call, matches: dict, parts: dict, op_name: str) -> r
     except _Unsupported as why:
         logger.debug("int8: %s kept in float: %s", op_name, why)
         return matched
+    except Exception as err:  # noqa: BLE001 - an odd graph keeps its (correct) float path
+        logger.warning("int8: a quantized %s kept in float (%s)", op_name, err)
+        return matched
     total = relax.op.add(acc, relax.const(correction.astype(np.int32).reshape(shape)))
     return _requantize(total, multiplier, shape, y, (lo, hi))
 
@@ -220,6 +223,9 @@ def _rewrite_activations(matched: relax.Call, matches: dict, parts: dict) -> rel
             raise _Unsupported("the reduction length is not static")
     except _Unsupported as why:
         logger.debug("int8: relax.matmul of activations kept in float: %s", why)
+        return matched
+    except Exception as err:  # noqa: BLE001 - an odd graph keeps its (correct) float path
+        logger.warning("int8: a quantized matmul of activations kept in float (%s)", err)
         return matched
     za, zb = int(a.zero_point.reshape(-1)[0]), int(b.zero_point.reshape(-1)[0])
     total = relax.op.matmul(qa, qb, out_dtype="int32")

@@ -88,10 +88,11 @@ def calibration_inputs(shape: tuple[int, ...], count: int = 8, name: str = "x",
 
 
 def quantize_qdq(float_path: str, qdq_path: str, inputs: list[dict[str, np.ndarray]],
-                 per_channel: bool = True) -> str:
+                 per_channel: bool = True, weight_type: str = "int8") -> str:
     """Quantize the ONNX model at ``float_path`` with ONNX Runtime's ``quantize_static``
-    (QDQ format, u8 activations, s8 weights, per channel unless told otherwise) calibrated
-    on ``inputs``; write it to ``qdq_path`` and return that path."""
+    (QDQ format, u8 activations, s8 weights (``weight_type="uint8"``: u8, asymmetric), per
+    channel unless told otherwise) calibrated on ``inputs``; write it to ``qdq_path`` and
+    return that path."""
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
 
@@ -104,13 +105,15 @@ def quantize_qdq(float_path: str, qdq_path: str, inputs: list[dict[str, np.ndarr
 
     quantize_static(float_path, qdq_path, _Reader(), quant_format=QuantFormat.QDQ,
                     per_channel=per_channel, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8)
+                    weight_type=QuantType.QInt8 if weight_type == "int8" else QuantType.QUInt8)
     return qdq_path
 
 
-def save_quantized(model, folder: str, name: str, calibration: int = 8) -> tuple[str, str]:
+def save_quantized(model, folder: str, name: str, calibration: int = 8,
+                   **options) -> tuple[str, str]:
     """Save the float ``model`` (an ``onnx.ModelProto`` with one input) in ``folder`` and
-    its QDQ quantization beside it: ``(float path, QDQ path)``."""
+    its QDQ quantization beside it (``options`` as for ``quantize_qdq``): ``(float path,
+    QDQ path)``."""
     import onnx
 
     inp = model.graph.input[0]
@@ -118,5 +121,5 @@ def save_quantized(model, folder: str, name: str, calibration: int = 8) -> tuple
     float_path = os.path.join(folder, f"{name}.onnx")
     onnx.save(model, float_path)
     qdq_path = quantize_qdq(float_path, os.path.join(folder, f"{name}_qdq.onnx"),
-                            calibration_inputs(shape, calibration, inp.name))
+                            calibration_inputs(shape, calibration, inp.name), **options)
     return float_path, qdq_path
