@@ -3,18 +3,19 @@ target's features (never from a CPU name).
 
 One intrinsic computes ``C[16] += sum_k A[4] (u8) * B[16, 4] (s8)`` in int32, the shape of
 AVX-512 VNNI's ``vpdpbusd``: 16 output channels times 4 reduction elements a step, with
-the 4 bytes of ``A`` broadcast to all 16 lanes. TVM 0.27 registers it as ``dot_16x4_vnni``
-(``tvm.s_tir.tensor_intrin.x86``), but its implementation passes the operands as
-``<16 x i32>``, which the LLVM it ships (22) rejects (the intrinsic takes ``<64 x i8>``
-since LLVM 20). Here TVM's description is paired with an implementation that passes
-bytes, registered once, on import, under a ``relax_tune.``-prefixed name.
+the 4 bytes of ``A`` broadcast to all 16 lanes. TVM 0.27 registers the same description
+as ``dot_16x4_vnni``, but its implementation passes the operands as ``<16 x i32>``, which
+the LLVM it ships (22) rejects (the intrinsic takes ``<64 x i8>`` since LLVM 20); the one
+here passes bytes. Registered once, on import, under ``relax_tune.``-prefixed names. The
+description is written out here rather than imported from ``tvm.s_tir.tensor_intrin.x86``:
+importing that package parses every intrinsic TVM ships (CUDA's MMA ones too), which made
+``import relax_tune`` take over a minute on this 2-core machine under load.
 """
 
 from __future__ import annotations
 
 import tvm
 from tvm.s_tir import TensorIntrin
-from tvm.s_tir.tensor_intrin.x86 import dot_product_16x4_u8i8i32_desc
 from tvm.script import tirx as T
 from tvm.target import codegen
 
@@ -23,6 +24,20 @@ VNNI_16X4 = "relax_tune.dot_16x4_u8s8i32_vnni"
 
 LANES, DEPTH = 16, 4
 """Output channels and reduction elements one instruction step covers."""
+
+
+@T.prim_func(s_tir=True)
+def _desc(a: T.Buffer((4,), "uint8", offset_factor=1),
+          b: T.Buffer((16, 4), "int8", offset_factor=1),
+          c: T.Buffer((16,), "int32", offset_factor=1)) -> None:
+    with T.sblock("root"):
+        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+        T.writes(c[0:16])
+        for i in T.serial(0, 16):
+            for k in T.serial(0, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
 
 
 @T.prim_func(s_tir=True)
@@ -45,7 +60,7 @@ def _register() -> None:
     try:
         TensorIntrin.get(VNNI_16X4, allow_missing=False)
     except Exception:  # noqa: BLE001 - not registered yet (TVM raises a ValueError/TVMError)
-        TensorIntrin.register(VNNI_16X4, dot_product_16x4_u8i8i32_desc, _vnni)
+        TensorIntrin.register(VNNI_16X4, _desc, _vnni)
 
 
 _register()
