@@ -33,18 +33,24 @@ def pytorch_row(model, inputs) -> Row:
     return Row("pytorch", "-", call)
 
 
-def onnxruntime_row(onnx_path: str, inputs_np: list[np.ndarray], threads: int) -> Row:
-    """ONNX Runtime's CPU provider on the exported file, ``threads`` intra-op threads, one
-    inter-op thread, sequential execution."""
+def ort_session(path: str, threads: int):
+    """An ONNX Runtime CPU session on ``threads`` intra-op threads, one inter-op thread,
+    sequential execution (as every contender runs)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_row(onnx_path: str, inputs_np: list[np.ndarray], threads: int,
+                    contender: str = "onnxruntime") -> Row:
+    """ONNX Runtime's CPU provider on the exported file (``ort_session``)."""
+    sess = ort_session(onnx_path, threads)
     feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs_np)}
-    row = Row("onnxruntime", "-", lambda: sess.run(None, feed))
+    row = Row(contender, "-", lambda: sess.run(None, feed))
     row.keep = sess
     return row
 

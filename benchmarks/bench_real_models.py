@@ -5,6 +5,7 @@ checked and timed in one run.
     python -m benchmarks.bench_real_models --models resnet18 mobilenet_v2 bert vit \\
         --trials-per-task 1 8 32 [--max-time 600] [--metaschedule] [--per-task]
     python -m benchmarks.bench_real_models --small --models mobilenet_v2 --trials 8   # smoke
+    python -m benchmarks.bench_real_models --int8 --models resnet18 --max-time 300  # int8
 
 Models (random weights, batch 1, float32; ``--small`` shrinks the inputs for a quick run):
 - ``resnet18``, ``mobilenet_v2``: torchvision, 1x3x224x224 (small: 64x64).
@@ -91,6 +92,7 @@ from benchmarks.alternatives import (error_row, onnxruntime_row, openvino_row, p
 from benchmarks.contenders import (Row, import_tensor_intrin, numpy_output, calibrate,
                                    compile_metaschedule, compile_untuned, interleave,
                                    metaschedule_tasks, tvm_row)
+from benchmarks.int8 import bench_int8_model
 from benchmarks.real_models import MODEL_NAMES, NOTES, cpu_model, make_model, set_torch_threads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -530,6 +532,15 @@ def main() -> int:
     parser.add_argument("--no-winograd", dest="winograd", action="store_false",
                         help="relax_tune without Winograd 3x3 convolutions (the pipeline's "
                              "winograd=False)")
+    parser.add_argument("--int8", action="store_true",
+                        help="quantize each model with ONNX Runtime's quantize_static (QDQ) and "
+                             "compare PyTorch, ONNX Runtime float32 and int8 and relax_tune int8 "
+                             "(benchmarks/int8.py)")
+    parser.add_argument("--calibration", type=int, default=8,
+                        help="--int8: random calibration inputs for the quantizer")
+    parser.add_argument("--int8-steps", type=float, default=8.0,
+                        help="--int8: output quantisation steps from ONNX Runtime's int8 "
+                             "output above which a row is flagged")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if args.trials_per_task is None:
@@ -595,7 +606,8 @@ def main() -> int:
     failed = False
     try:
         for name in args.models:
-            rows, info = bench_model(name, args, target, root, threads)
+            rows, info = (bench_int8_model(name, args, target, root, threads, log)
+                          if args.int8 else bench_model(name, args, target, root, threads))
             infos.append(info)
             part = fmt_rows(name, rows)
             table += part

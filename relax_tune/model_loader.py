@@ -60,12 +60,14 @@ class LoadedModel:
     params: dict[str, np.ndarray] = field(default_factory=dict)
     source: str = ""
 
-    def lowered(self, target: Any = None, winograd: bool = True) -> tvm.IRModule:
+    def lowered(self, target: Any = None, winograd: bool = True,
+                int8: bool = True) -> tvm.IRModule:
         """The module with ``params`` bound, after the "relax_tune" pipeline's pre-tuning
         passes (``prepare.lower_for_tuning``): the module tasks are extracted from."""
         from .lowering.prepare import lower_for_tuning
 
-        return lower_for_tuning(self.mod, target, dict(self.params) or None, winograd=winograd)
+        return lower_for_tuning(self.mod, target, dict(self.params) or None, winograd=winograd,
+                                int8=int8)
 
     def compile_pipeline(self, target: Any, work_dir: str, **kwargs: Any) -> Any:
         """The "relax_tune" pipeline for this model with its ``params`` (so weights are

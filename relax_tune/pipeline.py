@@ -36,6 +36,7 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
                         op_names: Sequence[str] | None = None, params: dict | None = None,
                         lift_transform_params: bool = False,
                         cpu_weight_prepack: bool | None = None, winograd: bool = True,
+                        int8: bool = True,
                         config: TuneConfig | None = None, **options) -> tvm.transform.Pass:
     """The "relax_tune" pipeline: prepare the weights, lower, tune, apply the database,
     finish the build pipeline. Use it as the ``relax_pipeline`` of ``tvm.compile``::
@@ -86,6 +87,12 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
     with 4x fewer multiplications than the convolution. ``False`` keeps the convolutions;
     the tasks differ, so a work_dir tuned one way does not serve the other.
 
+    ``int8``: in a quantized model (QDQ: ONNX Runtime's static quantizer), the convolutions
+    and matmuls between dequantize and quantize are computed in integers, u8/s8 operands
+    with int32 accumulation and the requantisation fused as their epilogue
+    (``relax_tune.lowering.int8``); ``False`` keeps TVM's float arithmetic around each
+    quantize/dequantize pair. A model without quantize/dequantize is not changed.
+
     GPU targets (``cuda``): functions without a tuning record get ``tvm.s_tir.dlight``'s
     default schedules (Matmul, GEMV, Reduction, GeneralReduction, Fallback), so the compiled
     model always runs. With ``max_trials_global=0`` (and ``measure`` on) the pipeline only
@@ -119,7 +126,8 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
         # Lifting before tuning makes the tasks those of the bound model (weight-only work
         # is out of the kernels); with prepacking a second lift after the split adds the
         # packing to the same <func>_transform_params.
-        mod = lower_for_tuning(mod, tgt, params, lift_transform_params, prepack, winograd)
+        mod = lower_for_tuning(mod, tgt, params, lift_transform_params, prepack, winograd,
+                               int8)
         with tgt:
             if tuner.config.trial_budget > 0 or not tuner.config.measure:
                 tuner(_without_transform_params(mod))

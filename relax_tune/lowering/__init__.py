@@ -1,6 +1,7 @@
 """From a user's Relax module to the TIR functions that get tuned: parameters bound and
-folded, graph rewrites (batch norms folded, channels-last and Winograd convolutions, fused
-attention, vectorisable math, bounded shapes), legalisation and fusion.
+folded, graph rewrites (quantized convolutions and matmuls in integers, batch norms folded,
+channels-last and Winograd convolutions, fused attention, vectorisable math, bounded
+shapes), legalisation and fusion.
 
 ``lower_for_tuning`` is the entry point the pipeline and the model loader call; the
 rewrites are ``relax.transform``-style module passes, each in a module of its own, built on

@@ -20,6 +20,7 @@ from tvm import relax
 
 from .attention_fusion import FuseAttention
 from .fast_math import FastMath
+from .int8 import IntegerQDQ
 from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul
 from .shape_bounds import SimplifyBoundedShapes
 from .winograd import WinogradConvolutions
@@ -72,10 +73,12 @@ def backend_pipeline(target: tvm.target.Target):
     raise RelaxTuneError(f"the relax_tune pipeline supports llvm and cuda targets, not {kind!r}")
 
 
-def graph_passes(target: tvm.target.Target | None = None,
-                 winograd: bool = True) -> list[tvm.transform.Pass]:
+def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
+                 int8: bool = True) -> list[tvm.transform.Pass]:
     """Graph-level work done before any kernel exists, as ONNX Runtime does before its
-    kernels run: shapes are simplified with the bounds of their symbolic variables
+    kernels run: the quantized convolutions and matmuls of a QDQ model are computed in
+    integers unless ``int8`` is False (``int8.IntegerQDQ``; first, while the quantized
+    weights are still constants of their own), shapes are simplified with the bounds of their symbolic variables
     (``shape_bounds.SimplifyBoundedShapes``), batch norms after convolutions are folded into
     the convolutions' weights and bias (with bound weights the scale and shift are
     constants, folded at compile time), the remaining batch norms and layer norms are
@@ -86,6 +89,7 @@ def graph_passes(target: tvm.target.Target | None = None,
     ``winograd`` is False (``winograd.WinogradConvolutions``), and constants are folded."""
     cpu = target is not None and target.kind.name == "llvm"
     return [
+        *([IntegerQDQ()] if int8 else []),
         SimplifyBoundedShapes(),  # a position table sliced to a bounded sequence length
         relax.transform.FoldConstant(),  # bias reshapes of bound weights become constants
         FoldBatchNormIntoConv(),
@@ -100,7 +104,7 @@ def graph_passes(target: tvm.target.Target | None = None,
 
 def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = False,
                     cpu_weight_prepack: bool = False,
-                    winograd: bool = True) -> list[tvm.transform.Pass]:
+                    winograd: bool = True, int8: bool = True) -> list[tvm.transform.Pass]:
     """The passes the "relax_tune" pipeline runs before tuning (graph passes, on CPU
     targets each attention grouped into one kernel: ``attention.FuseAttention``, legalize,
     fuse, FuseTIR, and on CPU targets vectorisable exp/erf/tanh/sigmoid: ``FastMath``).
@@ -110,9 +114,9 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
     it separately (``relax-tune tune``) fills the database the pipeline then uses.
     ``lift_transform_params`` moves weight-only work into ``<func>_transform_params``;
     ``cpu_weight_prepack`` marks the weights layout-free (see ``relax_tune_pipeline``);
-    ``winograd`` see ``graph_passes``."""
+    ``winograd``, ``int8`` see ``graph_passes``."""
     return [
-        *graph_passes(target, winograd),
+        *graph_passes(target, winograd, int8),
         *([relax.transform.LiftTransformParams()] if lift_transform_params else []),
         *backend_pipeline(target).library_dispatch_passes(target),
         *([FuseAttention()] if target.kind.name == "llvm" else []),
@@ -147,7 +151,7 @@ def default_prepack(target: tvm.target.Target, params: dict | None,
 def lower_for_tuning(mod: tvm.IRModule, target: Any = None, params: dict | None = None,
                      lift_transform_params: bool = False,
                      cpu_weight_prepack: bool | None = None,
-                     winograd: bool = True) -> tvm.IRModule:
+                     winograd: bool = True, int8: bool = True) -> tvm.IRModule:
     """``mod`` as exported, with ``params`` bound, through ``lowering_passes``: the module
     whose tasks the "relax_tune" pipeline tunes and later looks up in the database
     (``cpu_weight_prepack`` None: ``default_prepack``)."""
@@ -162,4 +166,5 @@ def lower_for_tuning(mod: tvm.IRModule, target: Any = None, params: dict | None 
                              "'num_input' attribute (export_tvm sets it); add "
                              "func.with_attr('num_input', n) for n runtime inputs")
     with target:
-        return tvm.transform.Sequential(lowering_passes(target, lift, prepack, winograd))(mod)
+        return tvm.transform.Sequential(lowering_passes(target, lift, prepack, winograd,
+                                                           int8))(mod)

@@ -114,12 +114,15 @@ def pack_buffer(sch: Schedule, func_name: str, buffer: tirx.Buffer) -> Any:
     """Copy ``buffer`` (``cache_read``) into the layout its only reading block walks it in,
     tile by tile (``suggest_index_map`` over the final loop nest), and make that block read
     the copy. Returns the copying block, or None when the buffer is read by several blocks
-    or loads, or TVM suggests no layout."""
+    or loads, TVM suggests no layout, or a sketch packed it already (its one reader is a
+    packing block: ``int8_dot``'s weights)."""
     reads = _reads_of(sch.mod[func_name], buffer)
     if len(reads) != 1:
         logger.debug("packing of %s skipped: read %d times", buffer.name, len(reads))
         return None
     read = reads[0]
+    if PREPROC_ANNOTATION in A.node(sch, sch.get_sblock(read.block, func_name)).annotations:
+        return None
     index_map = suggest_index_map(buffer, read.indices, read.loops, read.predicate)
     if index_map is None:
         return None

@@ -13,6 +13,8 @@ from .layout_rewrite import RewriteLayout
 from .operand_packing import PackOperands
 from ..postproc import RewriteReductionBlock
 from .attention import FusedAttention
+from .int8_dot import Int8DotProduct
+from .int8_intrin import int8_dot_intrinsic
 from ..compute_location import RandomComputeLocation
 from .rfactor import AddRFactor
 from ..rule import FunctionRule, Postproc, ScheduleRule
@@ -32,9 +34,12 @@ def cpu_rules(params: TargetParams) -> list[ScheduleRule]:
     ]
 
 
-def cpu_function_rules(params: TargetParams) -> list[FunctionRule]:
-    """Whole-function schedules tried before the block rules: the fused attention."""
-    return [FusedAttention(params)]
+def cpu_function_rules(params: TargetParams,
+                       target: tvm.target.Target | None = None) -> list[FunctionRule]:
+    """Whole-function schedules tried before the block rules: the fused attention, and the
+    int8 convolutions and matmuls on the target's dot-product instruction when it has one
+    (``int8_intrin.int8_dot_intrinsic``)."""
+    return [FusedAttention(params), Int8DotProduct(params, int8_dot_intrinsic(target))]
 
 
 def cpu_postprocs(params: TargetParams) -> list[Postproc]:
@@ -50,7 +55,7 @@ def cpu_postprocs(params: TargetParams) -> list[Postproc]:
 def cpu_space(target: tvm.target.Target, params: TargetParams) -> SpaceGenerator:
     """The design space for an ``llvm`` target."""
     return SpaceGenerator(target, cpu_rules(params), cpu_postprocs(params), params,
-                          cpu_function_rules(params))
+                          cpu_function_rules(params, target))
 
 
 register_space("llvm", cpu_space)

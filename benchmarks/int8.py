@@ -1,0 +1,120 @@
+"""``bench_real_models --int8``: a model quantized as users quantize it, side by side.
+
+The float model is exported to ONNX (``torch.onnx.export``) and quantized by ONNX Runtime's
+static quantizer (QDQ, u8 activations, s8 weights per channel; calibrated on
+``--calibration`` seeded random inputs). Rows, all timed interleaved on the same threads:
+
+- ``pytorch``: eager float32 (the float reference of the "vs PyTorch" column);
+- ``onnxruntime-fp32``: ONNX Runtime on the float ONNX file;
+- ``onnxruntime``: ONNX Runtime on the QDQ file (its int8 kernels; the "vs ONNX Runtime"
+  column compares with this row);
+- ``relax_tune-int8(...)``: the QDQ file through ``load_model`` and the "relax_tune"
+  pipeline (``lowering.int8``: integer kernels; ``Int8DotProduct`` where the target has an
+  int8 dot-product instruction) at each budget of ``--trials``/``--trials-per-task``/
+  ``--max-time``, each in a fresh work_dir.
+
+Correctness: each int8 row against ONNX Runtime's int8 output, in steps of the output's
+quantisation scale (flagged above ``--int8-steps``), and its max |diff| against the float
+model next to ONNX Runtime's own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from benchmarks.alternatives import onnxruntime_row, pytorch_row
+from benchmarks.contenders import Row, calibrate, interleave, numpy_output, tvm_row
+from benchmarks.real_models import make_model
+
+
+def _output_scale(path: str) -> float | None:
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(path)
+    out = model.graph.output[0].name
+    init = {i.name: i for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.output[0] == out \
+                and node.input[1] in init:
+            return float(numpy_helper.to_array(init[node.input[1]]).reshape(-1)[0])
+    return None
+
+
+def bench_int8_model(name: str, args, target, root: str, threads: int, log
+                     ) -> tuple[list[Row], str]:
+    """The rows of one model in int8 mode (see the module docstring) and its info line."""
+    import torch
+    import tvm
+    from tvm import relax
+
+    import relax_tune as rt
+    from relax_tune.model_loader import load_model
+    from relax_tune.testing.quantized import calibration_inputs, quantize_qdq
+
+    model, inputs, desc = make_model(name, args.small)
+    inputs_np = [t.numpy() for t in inputs]
+    with torch.inference_mode():
+        ref = model(*inputs).numpy()
+    rows = [pytorch_row(model, inputs)]
+    float_path = os.path.join(root, f"{name}.onnx")
+    qdq_path = os.path.join(root, f"{name}_qdq.onnx")
+    log(f"{name} ({desc}): ONNX export, quantize_static ({args.calibration} inputs)")
+    start = time.perf_counter()
+    torch.onnx.export(model, inputs, float_path, input_names=["x"], verbose=False)
+    quantize_qdq(float_path, qdq_path,
+                 calibration_inputs(inputs_np[0].shape, args.calibration, "x"))
+    info = f"{name} ({desc}) int8: quantized in {time.perf_counter() - start:.0f} s"
+    for contender, path in (("onnxruntime-fp32", float_path), ("onnxruntime", qdq_path)):
+        rows.append(onnxruntime_row(path, inputs_np, threads, contender))
+
+    loaded = load_model(qdq_path)
+    tasks = rt.extract_tasks(loaded.lowered(target), target)
+    n_tasks = len(tasks)
+    info += f"; {n_tasks} relax_tune tasks"
+    budgets = sorted({*args.trials, *(k * n_tasks for k in args.trials_per_task)})
+    runs = [(f"{b}", {"max_trials_global": b}) for b in budgets if b > 0]
+    runs += [(f"{args.max_time:g}s", {"max_time": args.max_time,
+                                      "max_trials_global": args.max_time_trials})] \
+        if args.max_time else []
+    for label, options in runs:
+        wd = os.path.join(root, f"{name}-int8-{label}")
+        log(f"{name}: relax_tune int8, {label}")
+        start = time.perf_counter()
+        try:
+            ex = tvm.compile(loaded.mod, target, relax_pipeline=relax.get_pipeline(
+                "relax_tune", target=target, work_dir=wd, cost_model=args.cost_model,
+                **options))
+            wall = time.perf_counter() - start
+            rows.append(tvm_row(f"relax_tune-int8({label})", label, ex, inputs_np, wall))
+            log(f"  {wall:.0f} s")
+        except Exception as err:
+            rows.append(Row(f"relax_tune-int8({label})", label, None,
+                            tune_secs=time.perf_counter() - start,
+                            error=f"{type(err).__name__}: {err}"))
+            log(f"!!! {name}: relax_tune int8 {label} failed: {err}")
+
+    ort_int8 = numpy_output(rows[2].call())
+    step = _output_scale(qdq_path)
+    for row in rows:
+        if row.call is None:
+            continue
+        out = numpy_output(row.call())
+        row.output = out
+        row.max_abs = float(np.abs(out.astype(np.float64) - ref).max())
+        row.max_rel = row.max_abs / (float(np.abs(ref).max()) or 1.0)
+        if row.contender.startswith("relax_tune") and step:
+            steps = float(np.abs(out - ort_int8).max()) / step
+            row.mismatch = steps > args.int8_steps
+            info += (f"\n  {row.contender}: {steps:.1f} steps (of {step:.3g}) from ONNX "
+                     f"Runtime int8 at most, {np.mean(np.abs(out - ort_int8) > step / 2):.1%}"
+                     f" of outputs differ; max |diff| to float32 {row.max_abs:.3g} (ONNX "
+                     f"Runtime int8: {rows[2].max_abs:.3g})")
+    for row in rows:
+        if row.call is not None and row.error is None:
+            calibrate(row, args.min_secs)
+    interleave(rows, args.rounds, args.pause)
+    return rows, info

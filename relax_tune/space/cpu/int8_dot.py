@@ -1,0 +1,198 @@
+"""Int8 kernels on the target's dot-product instruction: a whole-function schedule for the
+integer convolutions and matmuls ``lowering.int8`` makes (``C[.., o] += u8 A[.., r] * s8
+W[.., o, .., r, ..]`` in int32, then the requantisation epilogue).
+
+With AVX512-VNNI (``int8_intrin.int8_dot_intrinsic``) one ``vpdpbusd`` adds 4 products
+to each of 16 int32 lanes, so the schedule
+
+- splits the output channel ``o`` by 16 and the innermost reduction ``r`` (the input's
+  contiguous axis: NHWC channels, a matmul's ``k``) by 4, and tensorizes that 16 x 4 tile
+  with the intrinsic (4 bytes of ``A`` broadcast, 64 bytes of ``W``);
+- packs the weight so each tile's 64 bytes are contiguous, ``[o/16, .., r/4, 16, 4]``:
+  a ``cache_read`` annotated as a layout-rewrite block, so with bound weights
+  (``cpu_weight_prepack``) it runs once at compile time and otherwise once per call;
+- keeps a register tile of ``rows x vectors`` accumulators (rows from the spatial axis
+  before ``o``: a matmul's ``m``, a convolution's output width; vectors of 16 channels),
+  both sampled (``sample_perfect_tile``), in a tile-sized buffer written back with the
+  epilogue inlined into the write-back, and runs the outer tiles in parallel.
+
+Functions of another shape, sizes the instruction does not tile (``o`` not a multiple of
+16, ``r`` of 4: a first convolution's 3 channels, a depthwise one), and targets without the
+instruction are left to the block rules (``sketches`` returns ``[]``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.s_tir import Schedule
+
+from .. import analysis as A
+from ..params import TargetParams
+from ..rule import FunctionRule
+from .int8_intrin import DEPTH, LANES
+from .layout_rewrite import PREPROC_ANNOTATION
+
+logger = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class _Shape:
+    """What the schedule needs to know of the integer reduction block."""
+
+    block: str
+    spatial: list[int]   # positions of the spatial iter vars (one loop each, in order)
+    reduce: list[int]    # positions of the reduction iter vars
+    o: int               # the output channel's position
+    r: int               # the contiguous reduction axis' position
+    m: int               # the spatial axis before o: the register tile's rows
+    weight_read: int     # the index of the weight in the block's reads
+    weight_dims: list[int]  # the iter var position each weight dimension is indexed by
+
+
+def _loads(stmt, buffer) -> list:
+    out: list = []
+    tvm_ffi.structural_walk(stmt, [(tvm.ir.TensorLoad, lambda load: out.append(load)
+                                    if load.source.same_as(buffer) else None)])
+    return out
+
+
+def _position(expr, iter_vars: list) -> int | None:
+    if not isinstance(expr, tirx.Var):
+        return None
+    return next((i for i, v in enumerate(iter_vars) if v.same_as(expr)), None)
+
+
+def recognise(sch: Schedule) -> _Shape | None:
+    """The integer reduction of ``sch``'s function in a shape the intrinsic tiles, or None."""
+    blocks = [b for b in A.collect_blocks(sch) if not A.is_root(sch, b)]
+    reductions = [b for b in blocks if A.node(sch, b).init is not None]
+    if len(reductions) != 1:
+        return None
+    block_rv = reductions[0]
+    block = A.node(sch, block_rv)
+    if len(block.reads) != 2 or len(block.writes) != 1 or not A.is_trivial_binding(
+            sch, block_rv) or len(A.loops_of(sch, block_rv)) != len(block.iter_vars):
+        return None
+    (a, w), c = (r.source for r in block.reads), block.writes[0].source
+    if (str(a.dtype), str(w.dtype), str(c.dtype)) != ("uint8", "int8", "int32"):
+        return None
+    a_loads, w_loads, c_stores = _loads(block.body, a), _loads(block.body, w), []
+    tvm_ffi.structural_walk(block.body, [(tirx.BufferStore, lambda s: c_stores.append(s))])
+    if len(a_loads) != 1 or len(w_loads) != 1 or len(c_stores) != 1:
+        return None
+    ivs = [iv.var for iv in block.iter_vars]
+    kinds = [int(iv.iter_type) for iv in block.iter_vars]
+    extents = [A._const_int(iv.dom.extent) for iv in block.iter_vars]
+    dims = [_position(e, ivs) for e in w_loads[0].indices]
+    r = _position(a_loads[0].indices[-1], ivs)
+    o = _position(c_stores[0].indices[-1], ivs)
+    if None in dims or len(set(dims)) != len(dims) or r is None or o is None \
+            or r not in dims or o not in dims or kinds[o] != A.DATA_PAR \
+            or kinds[r] != A.COMM_REDUCE or [d for d in dims if kinds[d] == A.DATA_PAR] != [o]:
+        return None
+    if extents[o] is None or extents[r] is None or extents[o] % LANES or extents[r] % DEPTH:
+        return None
+    spatial = [i for i, k in enumerate(kinds) if k == A.DATA_PAR]
+    before = [i for i in spatial if i < o]
+    if not before or any(e is None for e in extents):
+        return None
+    return _Shape(str(block.name_hint), spatial, [i for i in range(len(kinds)) if
+                                                  i not in spatial], o, r, before[-1], 1, dims)
+
+
+class Int8DotProduct(FunctionRule):
+    """Schedule an integer convolution or matmul on the int8 dot-product instruction (see
+    the module docstring); ``[]`` for other functions or when ``intrinsic`` is None.
+
+    Args:
+        params: the target's parameters (cores).
+        intrinsic: the tensor intrinsic's name (``int8_intrin.int8_dot_intrinsic``).
+        max_register_rows: largest number of rows in the register tile.
+        max_register_vectors: largest number of 16-channel vectors in the register tile.
+    """
+
+    name = "int8_dot_product"
+
+    def __init__(self, params: TargetParams, intrinsic: str | None,
+                 max_register_rows: int = 8, max_register_vectors: int = 4) -> None:
+        self.params = params
+        self.intrinsic = intrinsic
+        self.max_register_rows = max_register_rows
+        self.max_register_vectors = max_register_vectors
+
+    def sketches(self, sch: Schedule) -> list[Schedule]:
+        """One sketch for an integer reduction the intrinsic tiles, ``[]`` otherwise."""
+        if self.intrinsic is None:
+            return []
+        shape = recognise(sch)
+        if shape is None:
+            return []
+        try:
+            out = sch.copy()
+            self._schedule(out, shape)
+        except Exception as err:  # a primitive refused: leave it to the block rules
+            logger.debug("int8 dot-product schedule failed: %s", err)
+            return []
+        return [out]
+
+    def _schedule(self, sch: Schedule, shape: _Shape) -> None:
+        self._inline(sch, shape.block, sch.compute_inline)  # producers, epilogue chain
+        main = sch.get_sblock(shape.block)
+        loops = A.loops_of(sch, main)
+        o0, o1 = sch.split(loops[shape.o], [None, LANES])
+        o0a, o0b = sch.split(o0, sch.sample_perfect_tile(
+            o0, n=2, max_innermost_factor=self.max_register_vectors))
+        r0, r1 = sch.split(loops[shape.r], [None, DEPTH])
+        m0, m1 = sch.split(loops[shape.m], sch.sample_perfect_tile(
+            loops[shape.m], n=2, max_innermost_factor=self.max_register_rows))
+        outer = [loops[i] for i in shape.spatial if i not in (shape.m, shape.o)]
+        inner_reduce = [loops[i] for i in shape.reduce if i != shape.r]
+        sch.reorder(*outer, m0, o0a, *inner_reduce, r0, m1, o0b, o1, r1)
+        # the accumulator tile, written back (with the epilogue) per tile
+        back = sch.cache_write(main, 0, "global")
+        sch.reverse_compute_at(back, o0a, preserve_unit_loops=True)
+        # parallel before the tensorized block exists (it is no longer a plain reduction)
+        sch.parallel(sch.fuse(*outer, m0, o0a))
+        # the weight packed so each 16 x 4 step reads 64 contiguous bytes
+        nd, bo = len(shape.weight_dims), shape.weight_dims.index(shape.o)
+        br = shape.weight_dims.index(shape.r)
+
+        def packed(*d):
+            middle = [d[i] // DEPTH if i == br else d[i] for i in range(nd) if i != bo]
+            return [d[bo] // LANES, *middle, d[bo] % LANES, d[br] % DEPTH]
+
+        packer = sch.cache_read(main, shape.weight_read, "global")
+        sch.transform_layout(main, ("read", shape.weight_read), packed)
+        sch.annotate(packer, PREPROC_ANNOTATION, True)
+        sch.decompose_reduction(main, (inner_reduce + [r0])[0])
+        sch.tensorize(o1, self.intrinsic)
+        # the epilogue's last block computed in the write-back, per tile
+        self._inline(sch, shape.block, sch.reverse_compute_inline,
+                     str(A.node(sch, back).name_hint))
+        sch.vectorize(A.loops_of(sch, back)[-1])
+
+    @staticmethod
+    def _inline(sch: Schedule, main_name: str, inline, back_name: str = "") -> None:
+        """``inline`` (compute_inline: the input's pad copy, dequantized residuals and the
+        epilogue chain into their consumers; reverse_compute_inline: the epilogue into the
+        write-back) every block it takes; a block that cannot move stays a loop nest of its
+        own."""
+        keep = {main_name, back_name, f"{main_name}_init", f"{main_name}_update"}
+        progress = True
+        while progress:
+            progress = False
+            for block in A.collect_blocks(sch):
+                node = A.node(sch, block)
+                if A.is_root(sch, block) or str(node.name_hint) in keep \
+                        or PREPROC_ANNOTATION in node.annotations:
+                    continue
+                try:
+                    inline(block)
+                except Exception:  # noqa: BLE001 - not inlinable this way
+                    continue
+                progress = True
+                break

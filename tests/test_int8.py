@@ -1,0 +1,272 @@
+"""Quantized models (issue 45): ONNX Runtime's QDQ models through TVM's importer and the
+"relax_tune" pipeline, their convolutions and matmuls in integer arithmetic, compared with
+ONNX Runtime's own int8 output of the same file and with the float32 model.
+
+Tolerances are in quantisation steps of the model's output (its last QuantizeLinear's
+scale). Two references:
+
+- ONNX Runtime with basic graph optimisations only: it runs each QuantizeLinear,
+  DequantizeLinear and float operator as ONNX defines it, the model's exact meaning. The
+  integer kernels compute the same numbers (int32 sums of the same products, the same
+  float32 requantisation multiplier, round half to even), so the outputs are equal
+  (measured: 0 steps on both models); the test allows 1 step on 1% of the elements for
+  float rounding that may differ between CPUs.
+- ONNX Runtime fully optimised (what users run): it replaces QDQ groups by its own integer
+  kernels (QLinearConv, QLinearMatMul, and fixed-point QLinearAdd, QLinearSoftmax, ...),
+  whose rounding differs from the QDQ definition: on the transformer block ONNX Runtime's
+  optimised output is itself 2 steps from its basic one on 31% of the elements (a step in
+  an intermediate tensor grows through the next weights). The test allows 3 steps there.
+"""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import relax_tune as rt
+from relax_tune.lowering.int8 import IntegerQDQ
+from relax_tune.model_loader import load_model
+from relax_tune.space import generate_design_space, space_for_target, without_decisions
+from relax_tune.space.cpu.int8_intrin import VNNI_16X4, int8_dot_intrinsic
+from relax_tune.utils import host_target, schedule_from_json, trace_to_json
+
+try:  # the model tests need both; the instruction tests below run without them
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime import quantization as _  # noqa: F401
+
+    from relax_tune.testing.quantized import block_model, cnn_model, save_quantized
+except ImportError:
+    onnx = ort = None
+needs_ort = pytest.mark.skipif(ort is None, reason="needs onnx and onnxruntime")
+
+MODELS = {"cnn": "cnn_model", "block": "block_model"}
+STEPS = {"cnn": 1, "block": 3}  # see the module docstring
+INTEGER_KERNELS = {"cnn": 4, "block": 8}  # 3 convolutions + Gemm; 6 weight matmuls + 2 attention
+TUNED = {"cnn": ["conv2d"], "block": ["matmul"]}  # a few trials on the integer kernels
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """``{name: (float path, QDQ path, input)}`` made once for the module."""
+    folder = str(tmp_path_factory.mktemp("int8"))
+    out = {}
+    for name, make in MODELS.items():
+        model = globals()[make]()
+        float_path, qdq_path = save_quantized(model, folder, name)
+        shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+        x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+        out[name] = (float_path, qdq_path, x)
+    return out
+
+
+def _ort(path: str, x: np.ndarray, basic: bool = False) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    if basic:  # no QDQ fusion into ONNX Runtime's integer kernels: QDQ as ONNX defines it
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def _output_scale(path: str) -> float:
+    model = onnx.load(path)
+    last = [n for n in model.graph.node if n.op_type == "QuantizeLinear"][-1]
+    init = {i.name: i for i in model.graph.initializer}
+    return float(onnx.numpy_helper.to_array(init[last.input[1]]))
+
+
+def _calls(mod: tvm.IRModule, name: str, dtype: str | None = None) -> list:
+    op, found = tvm.ir.Op.get(name), []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(op) and (
+                dtype is None or str(expr.ty.dtype) == dtype):
+            found.append(expr)
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+@needs_ort
+def test_importer_reads_qdq_as_relax_quantize_and_dequantize(models):
+    path = models["cnn"][1]
+    nodes = [n.op_type for n in onnx.load(path).graph.node]
+    mod = load_model(path).mod
+    assert len(_calls(mod, "relax.quantize")) == nodes.count("QuantizeLinear")
+    assert len(_calls(mod, "relax.dequantize")) == nodes.count("DequantizeLinear")
+    # the 4 weights stay s8 constants, quantized per output channel (a scale per channel)
+    weights = [c for c in _calls(mod, "relax.dequantize")
+               if isinstance(c.args[0], tvm.ir.GenericConst) and str(c.args[0].ty.dtype) == "int8"]
+    assert len(weights) == 4
+    assert all(c.args[1].ty.shape is not None and len(c.args[1].ty.shape) == 1
+               and int(c.args[1].ty.shape[0]) == int(c.args[0].ty.shape[0]) for c in weights)
+
+
+@needs_ort
+@pytest.mark.parametrize("name", list(MODELS))
+def test_integer_qdq_computes_convolutions_and_matmuls_in_int32(models, name):
+    mod = load_model(models[name][1]).mod
+    out = IntegerQDQ()(mod)
+    integer = _calls(out, "relax.nn.conv2d", "int32") + _calls(out, "relax.matmul", "int32")
+    assert len(integer) == INTEGER_KERNELS[name]
+    assert all(str(c.args[0].ty.dtype) == "uint8" for c in integer)
+    weights = [c.args[1] for c in integer if isinstance(c.args[1], tvm.ir.GenericConst)]
+    assert weights and all(str(w.ty.dtype) == "int8" for w in weights)
+    # nothing float is left around them: every float conv/matmul is gone
+    assert not [c for c in _calls(out, "relax.nn.conv2d") + _calls(out, "relax.matmul")
+                if str(c.ty.dtype) == "float32"]
+
+
+@needs_ort
+@pytest.mark.parametrize("name", list(MODELS))
+def test_pipeline_matches_onnx_runtime_int8(models, name, target, tmp_path):
+    float_path, qdq_path, x = models[name]
+    loaded = load_model(qdq_path)
+    pipe = relax.get_pipeline("relax_tune", target=target, work_dir=str(tmp_path),
+                              max_trials_global=2, num_trials_per_iter=2,
+                              op_names=TUNED[name])
+    ex = tvm.compile(loaded.mod, target, relax_pipeline=pipe)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    ref, exact, flt = _ort(qdq_path, x), _ort(qdq_path, x, basic=True), _ort(float_path, x)
+    step = _output_scale(qdq_path)
+    steps = np.abs(got - exact) / step
+    assert steps.max() <= 1 + 1e-3 and np.mean(steps > 0.5) <= 0.01, \
+        f"{steps.max():.2f} steps from ONNX's QDQ meaning on {np.mean(steps > 0.5):.1%}"
+    steps = np.abs(got - ref) / step
+    assert steps.max() <= STEPS[name] + 1e-3, f"{steps.max():.2f} steps from ONNX Runtime"
+    # as close to the float model as ONNX Runtime's int8 (within one output step)
+    assert np.abs(got - flt).max() <= np.abs(ref - flt).max() + step + 1e-6
+    assert np.abs(got - flt).mean() <= 1.1 * np.abs(ref - flt).mean() + 0.05 * step
+    # the tuned tasks are integer kernels
+    tasks = rt.extract_tasks(loaded.lowered(target), target)
+    assert any("int32" in t.mod.script() and "uint8" in t.mod.script() for t in tasks)
+
+
+@needs_ort
+def test_int8_false_keeps_float_arithmetic(models, target):
+    loaded = load_model(models["cnn"][1])
+    with target:
+        floaty = loaded.lowered(target, int8=False)
+        integer = loaded.lowered(target)
+    scripts = [t.mod.script() for t in rt.extract_tasks(floaty, target)]
+    assert not any('"int8"' in s and "conv" in s for s in scripts)
+    assert any('"int8"' in t.mod.script() for t in rt.extract_tasks(integer, target))
+
+
+@needs_ort
+def test_asymmetric_u8_weights_stay_float_and_correct(target, tmp_path):
+    """u8 weights with zero points (weight_type QUInt8, per tensor) are outside what the
+    rewrite covers: the convolutions keep TVM's float arithmetic, and the output is still
+    ONNX's QDQ meaning."""
+    float_path, qdq_path = save_quantized(cnn_model(), str(tmp_path), "cnn_u8",
+                                          per_channel=False, weight_type="uint8")
+    mod = load_model(qdq_path).mod
+    assert not _calls(IntegerQDQ()(mod), "relax.nn.conv2d", "int32")
+    x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=str(tmp_path / "w"), max_trials_global=0))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    steps = np.abs(got - _ort(qdq_path, x, basic=True)) / _output_scale(qdq_path)
+    assert steps.max() <= 1 + 1e-3 and np.mean(steps > 0.5) <= 0.01
+
+
+VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})
+"""An AVX512-VNNI target: LLVM compiles for it on any x86 host (nothing runs there)."""
+
+
+def _integer_kernel(kind: str) -> tvm.IRModule:
+    """The int8 task (u8 x s8 -> int32 with a requantisation epilogue) of a one-layer model
+    written with the Relax ops ``IntegerQDQ`` emits, lowered for ``VNNI``."""
+    rng = np.random.default_rng(3)
+    if kind == "matmul":
+        x = relax.Var("x", relax.TensorType((16, 64), "uint8"))
+        w = relax.const(rng.integers(-127, 128, (64, 32)).astype("int8"))
+        acc = relax.op.matmul(x, w, out_dtype="int32")
+    else:
+        x = relax.Var("x", relax.TensorType((1, 32, 8, 8), "uint8"))
+        w = relax.const(rng.integers(-127, 128, (32, 32, 3, 3)).astype("int8"))
+        acc = relax.op.nn.conv2d(x, w, out_dtype="int32")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = relax.op.round(relax.op.multiply(relax.op.astype(acc, "float32"),
+                                                 relax.const(np.float32(1 / 4096))))
+            out = bb.emit_output(relax.op.astype(relax.op.clip(y, 0, 255), "uint8"))
+        bb.emit_func_output(out)
+    with VNNI:
+        lowered = tvm.transform.Sequential(rt.transform.lowering_passes(VNNI))(bb.get())
+    (task,) = [t for t in rt.extract_tasks(lowered, VNNI) if "int32" in t.mod.script()]
+    return task.mod
+
+
+def _asm(mod: tvm.IRModule, target) -> str:
+    return tvm.compile(mod, target=target).mod.inspect_source("asm")
+
+
+def _run(mod: tvm.IRModule, target) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    args = []
+    for p in mod["main"].params:
+        shape, dtype = [int(d) for d in p.shape], str(p.dtype)
+        low, high = (0, 256) if dtype == "uint8" else (-127, 128)
+        args.append(tvm.runtime.tensor(rng.integers(low, high, shape).astype(dtype)))
+    tvm.compile(mod, target=target)["main"](*args)
+    return args[-1].numpy()
+
+
+def test_int8_dot_instruction_is_read_from_target_features():
+    assert int8_dot_intrinsic(VNNI) == VNNI_16X4
+    for mcpu in ("skylake-avx512", "haswell", "znver3"):  # AVX-512 / AVX2 without VNNI
+        assert int8_dot_intrinsic(tvm.target.Target({"kind": "llvm", "mcpu": mcpu})) is None
+    with_attr = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512",
+                                   "mattr": ["+avx512vnni"]})
+    assert int8_dot_intrinsic(with_attr) == VNNI_16X4
+    assert int8_dot_intrinsic(tvm.target.Target("cuda")) is None
+
+
+@pytest.mark.parametrize("kind", ["matmul", "conv2d"])
+def test_int8_kernels_are_tensorized_with_vpdpbusd(kind):
+    mod = _integer_kernel(kind)
+    if kind == "matmul":  # LLVM alone does not find it (it does for the convolution's
+        assert "vpdpbusd" not in _asm(mod, VNNI)  # contiguous channel sum, one row a time)
+    space = space_for_target(VNNI)
+    sketches = generate_design_space(mod, VNNI)
+    assert len(sketches) == 1 and any(VNNI_16X4 in str(i.attrs) or "Tensorize" in
+                                      i.kind.name for i in sketches[0].insts)
+    for seed in (11, 12):
+        candidate = space.replay(mod, without_decisions(sketches[0]), seed=seed)
+        assert candidate.error is None, candidate.error
+        assert "vpdpbusd" in _asm(candidate.sch.mod, VNNI)
+        # the record's JSON form replays (what the database stores)
+        replayed = schedule_from_json(mod, trace_to_json(candidate.sch.trace))
+        tvm.ir.assert_structural_equal(replayed.mod, candidate.sch.mod)
+        host = host_target()
+        if int8_dot_intrinsic(host) is not None:  # the host runs it: same integers
+            np.testing.assert_array_equal(_run(candidate.sch.mod, host), _run(mod, host))
+
+
+def test_targets_without_the_instruction_keep_the_block_rules():
+    mod = _integer_kernel("matmul")
+    avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    for sketch in generate_design_space(mod, avx2):
+        assert not any(i.kind.name == "Tensorize" for i in sketch.insts)
+
+
+def test_tuning_measures_the_tensorized_kernel(tmp_path):
+    """On a host with the instruction: the tuner builds, times and checks the tensorized
+    candidates (the intrinsic is registered in its worker processes too), and the module with
+    the best applied gives the untuned function's integers."""
+    host = host_target()
+    if int8_dot_intrinsic(host) is None:
+        pytest.skip("this CPU has no int8 dot-product instruction relax_tune tensorizes with")
+    mod = _integer_kernel("matmul")
+    db = rt.tune_tir(mod, host, work_dir=str(tmp_path), max_trials_global=4,
+                     num_trials_per_iter=4)
+    records = [r for r in db.get_all_tuning_records() if VNNI_16X4 in str(r.trace)]
+    assert records and all(r.run_secs[0] < 1 for r in records)  # measured, none failed
+    with host:
+        applied = rt.ApplyDatabase(work_dir=str(tmp_path))(mod)
+    np.testing.assert_array_equal(_run(applied, host), _run(mod, host))
