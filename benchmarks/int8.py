@@ -85,9 +85,8 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
         log(f"{name}: relax_tune int8, {label}")
         start = time.perf_counter()
         try:
-            ex = tvm.compile(loaded.mod, target, relax_pipeline=relax.get_pipeline(
-                "relax_tune", target=target, work_dir=wd, cost_model=args.cost_model,
-                **options))
+            ex = tvm.compile(loaded.mod, target, relax_pipeline=loaded.compile_pipeline(
+                target, wd, cost_model=args.cost_model, **options))
             wall = time.perf_counter() - start
             rows.append(tvm_row(f"relax_tune-int8({label})", label, ex, inputs_np, wall))
             log(f"  {wall:.0f} s")

@@ -54,11 +54,19 @@ class LoadedModel:
     params: ``{name: numpy array}`` bound into the Relax functions before lowering (parameters
         without values stay function inputs).
     source: the spec it was loaded from.
+    weights_bound: the weights are constants of ``mod`` already (an ONNX model), so they are
+        packed at compile time like bound ``params`` (``cpu_weight_prepack``'s default).
     """
 
     mod: tvm.IRModule
     params: dict[str, np.ndarray] = field(default_factory=dict)
     source: str = ""
+    weights_bound: bool = False
+
+    def _params(self) -> dict[str, np.ndarray] | None:
+        """``params`` for the pipeline: None when there are none to bind and the weights are
+        not bound either (then they are function inputs, not packed)."""
+        return dict(self.params) if self.params or self.weights_bound else None
 
     def lowered(self, target: Any = None, winograd: bool = True,
                 int8: bool = True) -> tvm.IRModule:
@@ -66,7 +74,7 @@ class LoadedModel:
         passes (``prepare.lower_for_tuning``): the module tasks are extracted from."""
         from .lowering.prepare import lower_for_tuning
 
-        return lower_for_tuning(self.mod, target, dict(self.params) or None, winograd=winograd,
+        return lower_for_tuning(self.mod, target, self._params(), winograd=winograd,
                                 int8=int8)
 
     def compile_pipeline(self, target: Any, work_dir: str, **kwargs: Any) -> Any:
@@ -74,7 +82,7 @@ class LoadedModel:
         bound and, on CPU, prepacked exactly as ``lowered`` prepared the tasks); compile
         ``self.mod`` with it."""
         return relax.get_pipeline("relax_tune", target=target, work_dir=work_dir,
-                                  params=self.params or None, **kwargs)
+                                  params=self._params(), **kwargs)
 
 
 def load_model(spec: str, shape_dict: Mapping[str, list[int]] | None = None) -> LoadedModel:
@@ -127,7 +135,7 @@ def load_onnx(path: str, shape_dict: Mapping[str, list[int]] | None = None) -> L
         raise RelaxTuneError(f"TVM's ONNX importer rejected {path!r}: {_first_line(err)}"
                              " (symbolic input shapes can be fixed with --input-shape)") \
             from None
-    return LoadedModel(_check_module(mod, path), {}, path)
+    return LoadedModel(_check_module(mod, path), {}, path, weights_bound=True)
 
 
 def load_torch_export(path: str) -> LoadedModel:

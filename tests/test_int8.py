@@ -26,6 +26,7 @@ from tvm import relax
 import relax_tune as rt
 from relax_tune.lowering.int8 import IntegerQDQ
 from relax_tune.model_loader import load_model
+from relax_tune.space.cpu.layout_rewrite import layout_free_buffers
 from relax_tune.space import generate_design_space, space_for_target, without_decisions
 from relax_tune.space.cpu.int8_intrin import VNNI_16X4, int8_dot_intrinsic
 from relax_tune.utils import host_target, schedule_from_json, trace_to_json
@@ -125,9 +126,8 @@ def test_integer_qdq_computes_convolutions_and_matmuls_in_int32(models, name):
 def test_pipeline_matches_onnx_runtime_int8(models, name, target, tmp_path):
     float_path, qdq_path, x = models[name]
     loaded = load_model(qdq_path)
-    pipe = relax.get_pipeline("relax_tune", target=target, work_dir=str(tmp_path),
-                              max_trials_global=2, num_trials_per_iter=2,
-                              op_names=TUNED[name])
+    pipe = loaded.compile_pipeline(target, str(tmp_path), max_trials_global=2,
+                                   num_trials_per_iter=2, op_names=TUNED[name])
     ex = tvm.compile(loaded.mod, target, relax_pipeline=pipe)
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     ref, exact, flt = _ort(qdq_path, x), _ort(qdq_path, x, basic=True), _ort(float_path, x)
@@ -140,9 +140,11 @@ def test_pipeline_matches_onnx_runtime_int8(models, name, target, tmp_path):
     # as close to the float model as ONNX Runtime's int8 (within one output step)
     assert np.abs(got - flt).max() <= np.abs(ref - flt).max() + step + 1e-6
     assert np.abs(got - flt).mean() <= 1.1 * np.abs(ref - flt).mean() + 0.05 * step
-    # the tuned tasks are integer kernels
+    # the tuned tasks are integer kernels, their weights (the ONNX file's constants) packed
+    # at compile time like bound params (without it: 11.5 ms instead of 3.0 for ResNet-18)
     tasks = rt.extract_tasks(loaded.lowered(target), target)
     assert any("int32" in t.mod.script() and "uint8" in t.mod.script() for t in tasks)
+    assert any(layout_free_buffers(t.mod["main"]) for t in tasks)
 
 
 @needs_ort

@@ -144,8 +144,11 @@ def has_num_input(mod: tvm.IRModule) -> bool:
 def default_prepack(target: tvm.target.Target, params: dict | None,
                     lift_transform_params: bool) -> bool:
     """``cpu_weight_prepack``'s default: on for llvm targets when the weights are bound or
-    lifted (then they are constants or per-weight-set inputs, worth packing once)."""
-    return (bool(params) or lift_transform_params) and target.kind.name == "llvm"
+    lifted (then they are constants or per-weight-set inputs, worth packing once). ``params``
+    empty but given counts as bound: an ONNX model's weights come as the module's constants
+    (``load_model``), and without packing its int8 ResNet-18 (64x64, no measurement) ran
+    11.5 ms instead of 3.0 (Intel Xeon, 2 threads)."""
+    return (params is not None or lift_transform_params) and target.kind.name == "llvm"
 
 
 def lower_for_tuning(mod: tvm.IRModule, target: Any = None, params: dict | None = None,
