@@ -163,6 +163,7 @@ class Measurer:
             # beside them measured a MobileNetV2 convolution at 4.0-8.0 ms, alone 0.4-0.6
             # ms, and its baseline at 3.2 ms instead of 1.5 (the task was left untuned). The
             # whole batch goes unmeasured: no record, measurable in a later session.
+            self.builder.discard([b.artifact_path for b in builds])
             return [Measured(trace, BuildResult(None, ERROR_NOT_BUILT, 0.0),
                              RunResult(None, ERROR_NOT_BUILT)) for trace in traces]
         artifacts = [b.artifact_path for b in builds]
