@@ -146,6 +146,22 @@ def test_a_model_that_ranks_before_the_first_trial_screens_a_larger_first_pool(t
     assert blank.stats["fresh"] <= blank.fresh_per_call
 
 
+def test_a_pool_whose_time_is_spent_replays_no_whole_chunk_past_it(target):
+    """A pool with (almost) no time (``SearchContext.pool_secs``) still gets its least
+    fresh samples, and replays not much more than those (invalid samples are replaced):
+    no chunk of 32 started past the time,
+    no mutation round."""
+    from relax_tune.search import evolutionary
+
+    search = EvolutionarySearch(matmul(256), target, seed=3, ranked_pool=64,
+                                context=SearchContext(cost_model=PriorXGBModel(),
+                                                      pool_secs=1e-3))
+    search.next_candidates(4)
+    least = evolutionary._MIN_TIMED_POOL
+    assert least <= search.stats["fresh"] and search.stats["replays"] <= 2 * least
+    assert search.stats["mutants"] == 0
+
+
 def test_a_space_of_few_programs_stops_sampling_after_a_streak_of_duplicates(target):
     """An elementwise function has a handful of distinct programs: the first pool (the
     large one the prior ranks) stops after ``max_fail_streak`` duplicates in a row instead

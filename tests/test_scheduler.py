@@ -102,20 +102,33 @@ def test_max_time_stops_tuning(two_task_model, tmp_path, caplog, own_workers):
 
 def test_no_next_pool_is_grown_for_a_batch_that_cannot_come(two_task_model, tmp_path,
                                                             monkeypatch):
-    """The search grows its next pool while a batch builds, but not after a task's last
-    batch: here the budget is one batch per task, so pools are grown only while the
-    baselines build (each task's first pool)."""
+    """The search grows a pool while a batch builds, but only for a batch that can come:
+    here the budget is one batch per task, so each task's first pool is the only one grown,
+    the second task's while the first task's batch builds (in the first round the next
+    task's first pool, not the building task's second, whose batch may never come)."""
+    from relax_tune.measure import Measurer
     from relax_tune.search import EvolutionarySearch
 
-    grown = []
-    prepare = EvolutionarySearch.prepare
-    monkeypatch.setattr(EvolutionarySearch, "prepare",
-                        lambda self, *a, **k: (grown.append(self.task), prepare(self, *a, **k)))
-    reports = rt.tune_tasks(two_task_model, str(tmp_path / "one"), max_trials_global=4,
-                            **SMALL)
+    grown, building = [], []
+    grow, measure = EvolutionarySearch._grow, Measurer.measure
+    monkeypatch.setattr(EvolutionarySearch, "_grow", lambda self, *a, **k: (
+        grown.append((self.task, bool(building))), grow(self, *a, **k))[1])
+
+    def measuring(self, *a, **k):
+        building.append(1)
+        try:
+            return measure(self, *a, **k)
+        finally:
+            building.pop()
+
+    monkeypatch.setattr(Measurer, "measure", measuring)
+    # no work_dir: no predicted schedules, whose pools would be grown before the loop
+    reports = rt.tune_tasks(two_task_model, None, max_trials_global=4,
+                            database=rt.MemoryDatabase(), **SMALL)
     assert [r.trials for r in reports] == [2, 2]
-    assert len(grown) == 2 and len(set(grown)) == 2
-    grown.clear()  # room for a second batch: the first batches prepare it
+    assert len(grown) == 2 and len({task for task, _ in grown}) == 2
+    assert [during for _, during in grown] == [False, True]
+    grown.clear()  # room for a second batch: pools for it are grown too
     reports = rt.tune_tasks(two_task_model, str(tmp_path / "two"), max_trials_global=6,
                             convergence_window=0, **SMALL)
     assert sum(r.trials for r in reports) == 6 and len(grown) > 2

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..config import TuneConfig
 from ..database import Database
@@ -74,7 +74,8 @@ def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: Tun
             st.measured.add(cand.key)
         with_baseline = cfg.measure_baseline and BASELINE_KEY not in st.measured
         _measure(st, [None, *cands] if with_baseline else cands, db, measurer, hooks,
-                 prepare=_may_get_another_batch(st, len(cands), remaining, per_task, waiting),
+                 while_building=_while_building(states, st, len(cands), remaining, per_task,
+                                                waiting),
                  deadline=deadline)
         if with_baseline and BASELINE_KEY in st.measured:  # not cut by the deadline
             baselines += 1
@@ -224,14 +225,35 @@ def _may_get_another_batch(st: TaskState, n: int, remaining: int, per_task: int,
     return st.report.trials + n < per_task and remaining - n * waiting > 0
 
 
+def _while_building(states: list[TaskState], st: TaskState, n: int, remaining: int,
+                    per_task: int, waiting: int) -> Callable[[], None] | None:
+    """What the search does while ``st``'s batch of ``n`` builds: grow the pool of the batch
+    that comes next. In the first round that is the next waiting task's first batch (the
+    scheduler gives them out most important first), not ``st``'s second: under a time limit
+    most tasks of a model get one batch, and ``st``'s second pool, grown beside its first
+    builds, went unused (MobileNetV2 at 60 s: half the search's replays) while the next
+    task's first pool was grown after the builds, holding up its batch. Later, ``st``'s own
+    next pool when it may get another batch (``_may_get_another_batch``)."""
+    if st.progress.rounds == 0:
+        others = [t for t in states
+                  if t is not st and t.progress.active and t.progress.rounds == 0]
+        if others:
+            following = max(others, key=lambda t: t.progress.importance)
+            return functools.partial(following.search.prepare, following.measured)
+    if _may_get_another_batch(st, n, remaining, per_task, waiting):
+        return functools.partial(st.search.prepare, st.measured)
+    return None
+
+
 def _measure(st: TaskState, cands: list[Candidate | None], db: Database, measurer: Measurer,
-             hooks: Sequence[SessionHook], prepare: bool = True,
+             hooks: Sequence[SessionHook],
+             while_building: Callable[[], None] | None = None,
              deadline: float | None = None) -> None:
     """Measure one batch of one task (None: the untuned function, first when in the batch)
     and commit it: one record per candidate, the report updated, the search told how its
     candidates did. The hooks screen the batch's candidates first (those they drop are
     recorded as failed, unbuilt).
-    With ``prepare``, the search grows its next pool while the builders work."""
+    ``while_building`` runs while the builders work (a search growing its next pool)."""
     baseline = [None] if None in cands else []
     tried = [c for c in cands if c is not None]
     for hook in hooks:
@@ -246,12 +268,9 @@ def _measure(st: TaskState, cands: list[Candidate | None], db: Database, measure
     if not cands:
         return
     traces = [None if c is None else c.trace_json for c in cands]
-    # the search grows its next pool while the builders work (before the first batch: while
-    # the baseline builds)
     batch = measurer.measure(st.task, traces, st.incumbent, st.report.best_secs,
-                             st.report.baseline_secs,
-                             while_building=functools.partial(st.search.prepare, st.measured)
-                             if prepare else None, deadline=deadline)
+                             st.report.baseline_secs, while_building=while_building,
+                             deadline=deadline)
     # what the limit stopped mid-build was never measured: no record, measurable next time
     cut = [i for i, m in enumerate(batch) if m.error == ERROR_NOT_BUILT]
     for i in cut:
