@@ -8,7 +8,8 @@ checked and timed in one run.
     python -m benchmarks.bench_real_models --int8 --models resnet18 --max-time 300  # int8
 
 Models (random weights, batch 1, float32; ``--small`` shrinks the inputs for a quick run):
-- ``resnet18``, ``mobilenet_v2``: torchvision, 1x3x224x224 (small: 64x64).
+- ``resnet18``, ``mobilenet_v2`` (and, by name only, ``mobilenet_v3_small``): torchvision,
+  1x3x224x224 (small: 64x64).
 - ``bert``: a BERT-base-shaped encoder cut down to 4 post-norm ``nn.TransformerEncoderLayer``
   (d 256, 4 heads, ff 1024, GELU) over token + position embeddings; int64 token ids, seq 128
   (small: 32); output: the last hidden states.
@@ -93,7 +94,8 @@ from benchmarks.contenders import (Row, import_tensor_intrin, numpy_output, cali
                                    compile_metaschedule, compile_untuned, interleave,
                                    metaschedule_tasks, tvm_row)
 from benchmarks.int8 import bench_int8_model
-from benchmarks.real_models import MODEL_NAMES, NOTES, cpu_model, make_model, set_torch_threads
+from benchmarks.real_models import (MODEL_NAMES, MORE_MODEL_NAMES, NOTES, cpu_model, make_model,
+                                    set_torch_threads)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -465,7 +467,8 @@ TABLE_HEAD = ["| model | contender | trials | latency ms (median) | vs best alte
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=MODEL_NAMES, choices=MODEL_NAMES)
+    parser.add_argument("--models", nargs="+", default=MODEL_NAMES,
+                        choices=MODEL_NAMES + MORE_MODEL_NAMES)
     parser.add_argument("--trials", nargs="*", type=int, default=[],
                         help="absolute relax_tune (and MetaSchedule) budgets")
     parser.add_argument("--trials-per-task", nargs="*", type=int, default=None,
