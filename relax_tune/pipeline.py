@@ -136,7 +136,9 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
                 post += [relax.transform.SplitLayoutRewritePreproc(),
                          *([relax.transform.LiftTransformParams()]
                            if lift_transform_params else []),
-                         relax.transform.FoldConstant()]
+                         relax.transform.FoldConstant(),
+                         relax.transform.CanonicalizeBindings(),
+                         relax.transform.DeadCodeElimination()]
             if tgt.kind.name == "cuda":
                 from .space.gpu import default_schedule_pass, ensure_cuda_compiler
 
