@@ -5,7 +5,8 @@ The targets are cross-compiled (``mcpu=znver3``: AVX2 only; ``mcpu=alderlake``: 
 AVX-VNNI, no AVX-512) on any x86 host; their kernels also run on a host that has the
 instructions (AVX2 / AVX-VNNI), where they must give the untuned function's integers: the
 ``vpmaddwd`` sequence is exact for full-range u8 x s8 operands (``vpmaddubsw`` is not: it
-saturates pairs of products in s16, see ``int8_intrin``).
+saturates pairs of products in s16, see ``int8_intrin``). The tuner measuring them:
+``test_int8.py::test_tuning_measures_the_tensorized_kernel``.
 """
 
 import re
@@ -15,7 +16,6 @@ import pytest
 import tvm
 from tvm.target import codegen
 
-import relax_tune as rt
 from relax_tune.space import generate_design_space, space_for_target, without_decisions
 from relax_tune.space.cpu.int8_intrin import (AVX2_8X2, AVXVNNI_8X4, dot_instruction,
                                               int8_dot_intrinsic)
@@ -65,19 +65,3 @@ def test_widened_weights_are_packed_as_int16():
     scheduled = _candidate(integer_kernel("matmul", AVX2), AVX2, seed=12)
     assert '"int16"' in scheduled.script()  # the packed weight buffer
     assert "meta_schedule.layout_rewrite_preproc" in scheduled.script()
-
-
-def test_tuner_measures_the_avx2_kernel(tmp_path):
-    """The tuner builds and times the ``vpmaddwd`` candidates for an AVX2 target on this
-    host (packed weights prepared once, as the runner does), and the applied best gives the
-    untuned function's integers."""
-    if not _host_runs(AVX2):
-        pytest.skip("this CPU has no AVX2")
-    mod = integer_kernel("matmul", AVX2)
-    db = rt.tune_tir(mod, AVX2, work_dir=str(tmp_path), max_trials_global=4,
-                     num_trials_per_iter=4)
-    records = [r for r in db.get_all_tuning_records() if AVX2_8X2 in str(r.trace)]
-    assert records and all(r.run_secs[0] < 1 for r in records)  # measured, none failed
-    with AVX2:
-        applied = rt.ApplyDatabase(work_dir=str(tmp_path))(mod)
-    np.testing.assert_array_equal(run_kernel(applied, AVX2), run_kernel(mod, AVX2))
