@@ -55,27 +55,41 @@ def onnxruntime_row(onnx_path: str, inputs_np: list[np.ndarray], threads: int,
     return row
 
 
-def openvino_row(source, inputs_np: list[np.ndarray], threads: int, example_input=None) -> Row:
+def openvino_row(source, inputs_np: list[np.ndarray], threads: int, example_input=None,
+                 precision: str | None = "f32", contender: str = "openvino") -> Row:
     """OpenVINO on the CPU device: ``openvino.convert_model`` of ``source`` (the exported
     ONNX file, or the torch module with ``example_input``), compiled for latency on
-    ``threads`` inference threads in float32 (``INFERENCE_PRECISION_HINT=f32``: on a CPU with
-    AMX or AVX512-BF16 its default is bf16, which would not be a float32 comparison).
+    ``threads`` inference threads with ``INFERENCE_PRECISION_HINT=precision`` (default f32:
+    on a CPU with AMX or AVX512-BF16 its default is bf16, which would not be a float32
+    comparison). ``precision=None`` leaves the hint unset, OpenVINO's own choice: for a
+    quantized (QDQ) file its int8 kernels, the rest in its default precision.
     "tune wall s" is conversion plus compilation."""
     import openvino as ov
 
     start = time.perf_counter()
     model = ov.convert_model(source, example_input=example_input) if example_input is not None \
         else ov.convert_model(source)
-    compiled = ov.Core().compile_model(model, "CPU", {
-        "PERFORMANCE_HINT": "LATENCY",
-        "INFERENCE_NUM_THREADS": int(threads),
-        "INFERENCE_PRECISION_HINT": "f32",
-    })
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": int(threads)}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    compiled = ov.Core().compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
-    row = Row("openvino", "-", lambda: request.infer(inputs_np)[0],
+    row = Row(contender, "-", lambda: request.infer(inputs_np)[0],
               tune_secs=time.perf_counter() - start)
     row.keep = (compiled, request)
     return row
+
+
+def openvino_precisions(row: Row) -> dict[str, set[str]]:
+    """The runtime precisions of an ``openvino_row``'s compiled model, per operation type
+    (``{"Convolution": {"u8"}, ...}``): says which operations run in int8."""
+    out: dict[str, set[str]] = {}
+    for op in row.keep[0].get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        if "layerType" in info and "runtimePrecision" in info:
+            out.setdefault(info["layerType"].astype(str), set()).add(
+                info["runtimePrecision"].astype(str).lower())
+    return out
 
 
 class CompileTimeout(Exception):

@@ -8,14 +8,17 @@ static quantizer (QDQ, u8 activations, s8 weights per channel; calibrated on
 - ``onnxruntime-fp32``: ONNX Runtime on the float ONNX file;
 - ``onnxruntime``: ONNX Runtime on the QDQ file (its int8 kernels; the "vs ONNX Runtime"
   column compares with this row);
+- ``openvino`` (``--no-openvino`` leaves it out): OpenVINO on the same QDQ file
+  (``openvino_row`` with no precision hint, so its quantized operations run int8; the info
+  line names them), ``PERFORMANCE_HINT=LATENCY``, ``INFERENCE_NUM_THREADS`` = the threads;
 - ``relax_tune-int8(...)``: the QDQ file through ``load_model`` and the "relax_tune"
   pipeline (``lowering.int8``: integer kernels; ``Int8DotProduct`` where the target has an
   int8 dot-product instruction) at each budget of ``--trials``/``--trials-per-task``/
   ``--max-time``, each in a fresh work_dir.
 
-Correctness: each int8 row against ONNX Runtime's int8 output, in steps of the output's
-quantisation scale (flagged above ``--int8-steps``), and its max |diff| against the float
-model next to ONNX Runtime's own.
+Correctness: each int8 row (relax_tune's and OpenVINO's) against ONNX Runtime's int8 output,
+in steps of the output's quantisation scale (flagged above ``--int8-steps``), and its max
+|diff| against the float model next to ONNX Runtime's own.
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ import time
 
 import numpy as np
 
-from benchmarks.alternatives import onnxruntime_row, pytorch_row
+from benchmarks.alternatives import (error_row, onnxruntime_row, openvino_precisions,
+                                     openvino_row, pytorch_row)
 from benchmarks.contenders import Row, calibrate, interleave, numpy_output, tvm_row
 from benchmarks.real_models import make_model
 
 
-def _output_scale(path: str) -> float | None:
+def output_scale(path: str) -> float | None:
+    """The scale of the DequantizeLinear that makes a QDQ file's output (one output
+    quantisation step), or None when the output is not dequantized by a constant scale."""
     import onnx
     from onnx import numpy_helper
 
@@ -70,6 +76,17 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
     info = f"{name} ({desc}) int8: quantized in {time.perf_counter() - start:.0f} s"
     for contender, path in (("onnxruntime-fp32", float_path), ("onnxruntime", qdq_path)):
         rows.append(onnxruntime_row(path, inputs_np, threads, contender))
+    ort_int8_row = rows[-1]
+    if args.openvino:
+        log(f"{name}: OpenVINO int8 (the QDQ file)")
+        try:
+            rows.append(openvino_row(qdq_path, inputs_np, threads, precision=None))
+            int8_ops = sorted(op for op, precisions in openvino_precisions(rows[-1]).items()
+                              if precisions & {"u8", "i8"} and op != "Const")
+            info += f"; OpenVINO int8 operations: {', '.join(int8_ops) or 'none'}"
+        except Exception as err:
+            rows.append(error_row("openvino", err))
+            log(f"!!! {name}: OpenVINO failed: {err}")
 
     loaded = load_model(qdq_path)
     tasks = rt.extract_tasks(loaded.lowered(target), target)
@@ -96,8 +113,8 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
                             error=f"{type(err).__name__}: {err}"))
             log(f"!!! {name}: relax_tune int8 {label} failed: {err}")
 
-    ort_int8 = numpy_output(rows[2].call())
-    step = _output_scale(qdq_path)
+    ort_int8 = numpy_output(ort_int8_row.call())
+    step = output_scale(qdq_path)
     for row in rows:
         if row.call is None:
             continue
@@ -105,13 +122,13 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
         row.output = out
         row.max_abs = float(np.abs(out.astype(np.float64) - ref).max())
         row.max_rel = row.max_abs / (float(np.abs(ref).max()) or 1.0)
-        if row.contender.startswith("relax_tune") and step:
+        if (row.contender.startswith("relax_tune") or row.contender == "openvino") and step:
             steps = float(np.abs(out - ort_int8).max()) / step
             row.mismatch = steps > args.int8_steps
             info += (f"\n  {row.contender}: {steps:.1f} steps (of {step:.3g}) from ONNX "
                      f"Runtime int8 at most, {np.mean(np.abs(out - ort_int8) > step / 2):.1%}"
                      f" of outputs differ; max |diff| to float32 {row.max_abs:.3g} (ONNX "
-                     f"Runtime int8: {rows[2].max_abs:.3g})")
+                     f"Runtime int8: {ort_int8_row.max_abs:.3g})")
     for row in rows:
         if row.call is not None and row.error is None:
             calibrate(row, args.min_secs)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.alternatives import (CompileTimeout, best_alternative, openvino_row,
-                                     ratios_to_best, time_limit, torch_compile_row)
+from benchmarks.alternatives import (CompileTimeout, best_alternative, onnxruntime_row,
+                                     openvino_precisions, openvino_row, ratios_to_best,
+                                     time_limit, torch_compile_row)
 from benchmarks.contenders import Row, numpy_output
 
 
@@ -60,3 +61,22 @@ def test_openvino_computes_what_pytorch_does():
         ref = model(x).numpy()
     np.testing.assert_allclose(numpy_output(row.call()), ref, rtol=1e-5, atol=1e-5)
     assert row.tune_secs > 0 and row.error is None
+
+
+def test_openvino_runs_a_qdq_file_in_int8(tmp_path):
+    """The ``--int8`` benchmark's OpenVINO row: the QDQ file with no precision hint runs its
+    convolutions and Gemm in u8/i8 and gives ONNX Runtime int8's output within one output
+    quantisation step (measured: equal up to float rounding)."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("onnxruntime")
+    from benchmarks.int8 import output_scale
+    from relax_tune.testing.quantized import cnn_model, save_quantized
+
+    _, qdq_path = save_quantized(cnn_model(), str(tmp_path), "cnn")
+    x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    row = openvino_row(qdq_path, [x], threads=1, precision=None)
+    precisions = openvino_precisions(row)
+    assert precisions["Convolution"] <= {"u8", "i8"} and precisions["FullyConnected"] & {"u8"}
+    got = numpy_output(row.call())
+    ref = numpy_output(onnxruntime_row(qdq_path, [x], 1).call())
+    assert np.abs(got - ref).max() <= output_scale(qdq_path) + 1e-6

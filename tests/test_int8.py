@@ -22,13 +22,16 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
+from tvm.target import codegen
 
 import relax_tune as rt
 from relax_tune.lowering.int8 import IntegerQDQ
 from relax_tune.model_loader import load_model
 from relax_tune.space.cpu.layout_rewrite import layout_free_buffers
 from relax_tune.space import generate_design_space, space_for_target, without_decisions
-from relax_tune.space.cpu.int8_intrin import VNNI_16X4, int8_dot_intrinsic
+from relax_tune.space.cpu.int8_intrin import (AVX2_8X2, AVXVNNI_8X4, VNNI_16X4,
+                                              int8_dot_intrinsic)
+from relax_tune.testing.int8_kernels import integer_kernel, kernel_asm as _asm, run_kernel as _run
 from relax_tune.utils import host_target, schedule_from_json, trace_to_json
 
 try:  # the model tests need both; the instruction tests below run without them
@@ -121,9 +124,19 @@ def test_integer_qdq_computes_convolutions_and_matmuls_in_int32(models, name):
                 if str(c.ty.dtype) == "float32"]
 
 
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+"""An AVX2 target without AVX-512 or VNNI (its int8 kernels on ``vpmaddwd``): runs on any
+host with AVX2."""
+
+
 @needs_ort
-@pytest.mark.parametrize("name", list(MODELS))
-def test_pipeline_matches_onnx_runtime_int8(models, name, target, tmp_path):
+@pytest.mark.parametrize("name,isa", [("cnn", "host"), ("block", "host"), pytest.param(
+    "cnn", "avx2", marks=pytest.mark.slow)])  # the AVX2 variant: ~2 min on 2 busy cores
+def test_pipeline_matches_onnx_runtime_int8(models, name, isa, target, tmp_path):
+    if isa == "avx2":
+        if not codegen.target_has_features("avx2", target):
+            pytest.skip("this CPU cannot run AVX2 code")
+        target = AVX2
     float_path, qdq_path, x = models[name]
     loaded = load_model(qdq_path)
     pipe = loaded.compile_pipeline(target, str(tmp_path), max_trials_global=2,
@@ -180,52 +193,21 @@ VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
 
 
 def _integer_kernel(kind: str) -> tvm.IRModule:
-    """The int8 task (u8 x s8 -> int32 with a requantisation epilogue) of a one-layer model
-    written with the Relax ops ``IntegerQDQ`` emits, lowered for ``VNNI``."""
-    rng = np.random.default_rng(3)
-    if kind == "matmul":
-        x = relax.Var("x", relax.TensorType((16, 64), "uint8"))
-        w = relax.const(rng.integers(-127, 128, (64, 32)).astype("int8"))
-        acc = relax.op.matmul(x, w, out_dtype="int32")
-    else:
-        x = relax.Var("x", relax.TensorType((1, 32, 8, 8), "uint8"))
-        w = relax.const(rng.integers(-127, 128, (32, 32, 3, 3)).astype("int8"))
-        acc = relax.op.nn.conv2d(x, w, out_dtype="int32")
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = relax.op.round(relax.op.multiply(relax.op.astype(acc, "float32"),
-                                                 relax.const(np.float32(1 / 4096))))
-            out = bb.emit_output(relax.op.astype(relax.op.clip(y, 0, 255), "uint8"))
-        bb.emit_func_output(out)
-    with VNNI:
-        lowered = tvm.transform.Sequential(rt.transform.lowering_passes(VNNI))(bb.get())
-    (task,) = [t for t in rt.extract_tasks(lowered, VNNI) if "int32" in t.mod.script()]
-    return task.mod
-
-
-def _asm(mod: tvm.IRModule, target) -> str:
-    return tvm.compile(mod, target=target).mod.inspect_source("asm")
-
-
-def _run(mod: tvm.IRModule, target) -> np.ndarray:
-    rng = np.random.default_rng(0)
-    args = []
-    for p in mod["main"].params:
-        shape, dtype = [int(d) for d in p.shape], str(p.dtype)
-        low, high = (0, 256) if dtype == "uint8" else (-127, 128)
-        args.append(tvm.runtime.tensor(rng.integers(low, high, shape).astype(dtype)))
-    tvm.compile(mod, target=target)["main"](*args)
-    return args[-1].numpy()
+    return integer_kernel(kind, VNNI)
 
 
 def test_int8_dot_instruction_is_read_from_target_features():
     assert int8_dot_intrinsic(VNNI) == VNNI_16X4
     for mcpu in ("skylake-avx512", "haswell", "znver3"):  # AVX-512 / AVX2 without VNNI
-        assert int8_dot_intrinsic(tvm.target.Target({"kind": "llvm", "mcpu": mcpu})) is None
+        assert int8_dot_intrinsic(tvm.target.Target({"kind": "llvm", "mcpu": mcpu})) \
+            == AVX2_8X2
+    assert int8_dot_intrinsic(tvm.target.Target({"kind": "llvm", "mcpu": "alderlake"})) \
+        == AVXVNNI_8X4  # AVX-VNNI, no AVX-512
     with_attr = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512",
                                    "mattr": ["+avx512vnni"]})
     assert int8_dot_intrinsic(with_attr) == VNNI_16X4
+    for old in ("nehalem", "x86-64"):  # SSE only
+        assert int8_dot_intrinsic(tvm.target.Target({"kind": "llvm", "mcpu": old})) is None
     assert int8_dot_intrinsic(tvm.target.Target("cuda")) is None
 
 
@@ -246,29 +228,33 @@ def test_int8_kernels_are_tensorized_with_vpdpbusd(kind):
         replayed = schedule_from_json(mod, trace_to_json(candidate.sch.trace))
         tvm.ir.assert_structural_equal(replayed.mod, candidate.sch.mod)
         host = host_target()
-        if int8_dot_intrinsic(host) is not None:  # the host runs it: same integers
+        if int8_dot_intrinsic(host) == VNNI_16X4:  # the host runs it: same integers
             np.testing.assert_array_equal(_run(candidate.sch.mod, host), _run(mod, host))
 
 
 def test_targets_without_the_instruction_keep_the_block_rules():
     mod = _integer_kernel("matmul")
-    avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
-    for sketch in generate_design_space(mod, avx2):
+    sse = tvm.target.Target({"kind": "llvm", "mcpu": "nehalem", "num-cores": 2})
+    for sketch in generate_design_space(mod, sse):
         assert not any(i.kind.name == "Tensorize" for i in sketch.insts)
 
 
-def test_tuning_measures_the_tensorized_kernel(tmp_path):
-    """On a host with the instruction: the tuner builds, times and checks the tensorized
-    candidates (the intrinsic is registered in its worker processes too), and the module with
-    the best applied gives the untuned function's integers."""
+@pytest.mark.parametrize("isa", ["host", "avx2"])
+def test_tuning_measures_the_tensorized_kernel(tmp_path, isa):
+    """On a host with the instruction (its own, or AVX2's ``vpmaddwd`` for an AVX2 target):
+    the tuner builds, times and checks the tensorized candidates (the intrinsic is
+    registered in its worker processes too; packed weights prepared once, as the runner
+    does), and the module with the best applied gives the untuned function's integers."""
     host = host_target()
-    if int8_dot_intrinsic(host) is None:
+    target = host if isa == "host" else AVX2
+    name = int8_dot_intrinsic(target)
+    if name is None or not codegen.target_has_features("avx2", host):
         pytest.skip("this CPU has no int8 dot-product instruction relax_tune tensorizes with")
     mod = _integer_kernel("matmul")
-    db = rt.tune_tir(mod, host, work_dir=str(tmp_path), max_trials_global=4,
+    db = rt.tune_tir(mod, target, work_dir=str(tmp_path), max_trials_global=4,
                      num_trials_per_iter=4)
-    records = [r for r in db.get_all_tuning_records() if VNNI_16X4 in str(r.trace)]
+    records = [r for r in db.get_all_tuning_records() if name in str(r.trace)]
     assert records and all(r.run_secs[0] < 1 for r in records)  # measured, none failed
-    with host:
+    with target:
         applied = rt.ApplyDatabase(work_dir=str(tmp_path))(mod)
-    np.testing.assert_array_equal(_run(applied, host), _run(mod, host))
+    np.testing.assert_array_equal(_run(applied, target), _run(mod, target))

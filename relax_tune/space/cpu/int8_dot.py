@@ -2,23 +2,25 @@
 integer convolutions and matmuls ``lowering.int8`` makes (``C[.., o] += u8 A[.., r] * s8
 W[.., o, .., r, ..]`` in int32, then the requantisation epilogue).
 
-With AVX512-VNNI (``int8_intrin.int8_dot_intrinsic``) one ``vpdpbusd`` adds 4 products
-to each of 16 int32 lanes, so the schedule
+The instruction (``int8_intrin.int8_dot_intrinsic``: AVX512-VNNI's ``vpdpbusd``, 16 lanes x
+4 bytes; AVX-VNNI's 256-bit one, 8 x 4; AVX2's ``vpmaddwd`` on s16 pairs, 8 x 2) adds
+``depth`` products to each of ``lanes`` int32 lanes, so the schedule
 
-- splits the output channel ``o`` by 16 and the innermost reduction ``r`` (the input's
-  contiguous axis: NHWC channels, a matmul's ``k``) by 4, and tensorizes that 16 x 4 tile
-  with the intrinsic (4 bytes of ``A`` broadcast, 64 bytes of ``W``);
-- packs the weight so each tile's 64 bytes are contiguous, ``[o/16, .., r/4, 16, 4]``:
-  a ``cache_read`` annotated as a layout-rewrite block, so with bound weights
-  (``cpu_weight_prepack``) it runs once at compile time and otherwise once per call;
+- splits the output channel ``o`` by ``lanes`` and the innermost reduction ``r`` (the
+  input's contiguous axis: NHWC channels, a matmul's ``k``) by ``depth``, and tensorizes
+  that tile with the intrinsic (``depth`` bytes of ``A`` broadcast, a tile of ``W``);
+- packs the weight so each tile is contiguous, ``[o/lanes, .., r/depth, lanes, depth]``
+  (widened to s16 for AVX2, ``unsafe_set_dtype``, the values unchanged): a ``cache_read``
+  annotated as a layout-rewrite block, so with bound weights (``cpu_weight_prepack``) it
+  runs once at compile time and otherwise once per call;
 - keeps a register tile of ``rows x vectors`` accumulators (rows from the spatial axis
-  before ``o``: a matmul's ``m``, a convolution's output width; vectors of 16 channels),
-  both sampled (``sample_perfect_tile``), in a tile-sized buffer written back with the
-  epilogue inlined into the write-back, and runs the outer tiles in parallel.
+  before ``o``: a matmul's ``m``, a convolution's output width; vectors of ``lanes``
+  channels), both sampled (``sample_perfect_tile``), in a tile-sized buffer written back
+  with the epilogue inlined into the write-back, and runs the outer tiles in parallel.
 
 Functions of another shape, sizes the instruction does not tile (``o`` not a multiple of
-16, ``r`` of 4: a first convolution's 3 channels, a depthwise one), and targets without the
-instruction are left to the block rules (``sketches`` returns ``[]``).
+``lanes``, ``r`` of ``depth``: a first convolution's 3 channels, a depthwise one), and
+targets without an instruction are left to the block rules (``sketches`` returns ``[]``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from tvm.s_tir import Schedule
 from .. import analysis as A
 from ..params import TargetParams
 from ..rule import FunctionRule
-from .int8_intrin import DEPTH, LANES
+from .int8_intrin import DotInstruction, dot_instruction
 from .layout_rewrite import PREPROC_ANNOTATION
 
 logger = logging.getLogger(__name__)
@@ -66,8 +68,9 @@ def _position(expr, iter_vars: list) -> int | None:
     return next((i for i, v in enumerate(iter_vars) if v.same_as(expr)), None)
 
 
-def recognise(sch: Schedule) -> _Shape | None:
-    """The integer reduction of ``sch``'s function in a shape the intrinsic tiles, or None."""
+def recognise(sch: Schedule, lanes: int, depth: int) -> _Shape | None:
+    """The integer reduction of ``sch``'s function in a shape a ``lanes`` x ``depth``
+    intrinsic tiles, or None."""
     blocks = [b for b in A.collect_blocks(sch) if not A.is_root(sch, b)]
     reductions = [b for b in blocks if A.node(sch, b).init is not None]
     if len(reductions) != 1:
@@ -94,7 +97,7 @@ def recognise(sch: Schedule) -> _Shape | None:
             or r not in dims or o not in dims or kinds[o] != A.DATA_PAR \
             or kinds[r] != A.COMM_REDUCE or [d for d in dims if kinds[d] == A.DATA_PAR] != [o]:
         return None
-    if extents[o] is None or extents[r] is None or extents[o] % LANES or extents[r] % DEPTH:
+    if extents[o] is None or extents[r] is None or extents[o] % lanes or extents[r] % depth:
         return None
     spatial = [i for i, k in enumerate(kinds) if k == A.DATA_PAR]
     before = [i for i in spatial if i < o]
@@ -111,8 +114,10 @@ class Int8DotProduct(FunctionRule):
     Args:
         params: the target's parameters (cores).
         intrinsic: the tensor intrinsic's name (``int8_intrin.int8_dot_intrinsic``).
-        max_register_rows: largest number of rows in the register tile.
-        max_register_vectors: largest number of 16-channel vectors in the register tile.
+        max_register_rows: largest number of rows in the register tile (half of it for
+            instructions on 16 registers).
+        max_register_vectors: largest number of ``lanes``-channel vectors in the register
+            tile.
     """
 
     name = "int8_dot_product"
@@ -121,34 +126,40 @@ class Int8DotProduct(FunctionRule):
                  max_register_rows: int = 8, max_register_vectors: int = 4) -> None:
         self.params = params
         self.intrinsic = intrinsic
+        self.instruction: DotInstruction | None = \
+            dot_instruction(intrinsic) if intrinsic is not None else None
         self.max_register_rows = max_register_rows
         self.max_register_vectors = max_register_vectors
 
     def sketches(self, sch: Schedule) -> list[Schedule]:
         """One sketch for an integer reduction the intrinsic tiles, ``[]`` otherwise."""
-        if self.intrinsic is None:
+        inst = self.instruction
+        if inst is None:
             return []
-        shape = recognise(sch)
+        shape = recognise(sch, inst.lanes, inst.depth)
         if shape is None:
             return []
         try:
             out = sch.copy()
-            self._schedule(out, shape)
+            self._schedule(out, shape, inst)
         except Exception as err:  # a primitive refused: leave it to the block rules
             logger.debug("int8 dot-product schedule failed: %s", err)
             return []
         return [out]
 
-    def _schedule(self, sch: Schedule, shape: _Shape) -> None:
+    def _schedule(self, sch: Schedule, shape: _Shape, inst: DotInstruction) -> None:
+        lanes, depth = inst.lanes, inst.depth
         self._inline(sch, shape.block, sch.compute_inline)  # producers, epilogue chain
         main = sch.get_sblock(shape.block)
         loops = A.loops_of(sch, main)
-        o0, o1 = sch.split(loops[shape.o], [None, LANES])
+        o0, o1 = sch.split(loops[shape.o], [None, lanes])
         o0a, o0b = sch.split(o0, sch.sample_perfect_tile(
             o0, n=2, max_innermost_factor=self.max_register_vectors))
-        r0, r1 = sch.split(loops[shape.r], [None, DEPTH])
+        r0, r1 = sch.split(loops[shape.r], [None, depth])
+        # 16 ymm registers (AVX2, AVX-VNNI) hold half the accumulators of 32 zmm
+        rows = self.max_register_rows if inst.registers >= 32 else self.max_register_rows // 2
         m0, m1 = sch.split(loops[shape.m], sch.sample_perfect_tile(
-            loops[shape.m], n=2, max_innermost_factor=self.max_register_rows))
+            loops[shape.m], n=2, max_innermost_factor=rows))
         outer = [loops[i] for i in shape.spatial if i not in (shape.m, shape.o)]
         inner_reduce = [loops[i] for i in shape.reduce if i != shape.r]
         sch.reorder(*outer, m0, o0a, *inner_reduce, r0, m1, o0b, o1, r1)
@@ -157,19 +168,21 @@ class Int8DotProduct(FunctionRule):
         sch.reverse_compute_at(back, o0a, preserve_unit_loops=True)
         # parallel before the tensorized block exists (it is no longer a plain reduction)
         sch.parallel(sch.fuse(*outer, m0, o0a))
-        # the weight packed so each 16 x 4 step reads 64 contiguous bytes
+        # the weight packed so each lanes x depth step reads contiguous memory
         nd, bo = len(shape.weight_dims), shape.weight_dims.index(shape.o)
         br = shape.weight_dims.index(shape.r)
 
         def packed(*d):
-            middle = [d[i] // DEPTH if i == br else d[i] for i in range(nd) if i != bo]
-            return [d[bo] // LANES, *middle, d[bo] % LANES, d[br] % DEPTH]
+            middle = [d[i] // depth if i == br else d[i] for i in range(nd) if i != bo]
+            return [d[bo] // lanes, *middle, d[bo] % lanes, d[br] % depth]
 
         packer = sch.cache_read(main, shape.weight_read, "global")
         sch.transform_layout(main, ("read", shape.weight_read), packed)
+        if inst.weight_dtype != "int8":  # widened once, when packed (AVX2's s16 pairs)
+            sch.unsafe_set_dtype(packer, 0, inst.weight_dtype)
         sch.annotate(packer, PREPROC_ANNOTATION, True)
         sch.decompose_reduction(main, (inner_reduce + [r0])[0])
-        sch.tensorize(o1, self.intrinsic)
+        sch.tensorize(o1, inst.name)
         # the epilogue's last block computed in the write-back, per tile
         self._inline(sch, shape.block, sch.reverse_compute_inline,
                      str(A.node(sch, back).name_hint))
