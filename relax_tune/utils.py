@@ -185,8 +185,20 @@ def schedule_from_json(mod: tvm.IRModule, trace_json: list, seed: int | None = N
     """Replay a plain-JSON trace on a fresh traced schedule of ``mod``."""
     sch = Schedule(mod, seed=seed, error_render_level="none") if seed else Schedule(
         mod, error_render_level="none")
-    Trace.apply_json_to_schedule(trace_json, sch)
+    apply_trace_json(trace_json, sch)
     return sch
+
+
+def apply_trace_json(trace_json: list, sch: Schedule) -> None:
+    """``Trace.apply_json_to_schedule``, with relax_tune's own tensor intrinsics that the
+    trace names registered first (they are registered on first use, in each process:
+    ``space.cpu.int8_intrin``)."""
+    text = json.dumps(trace_json)
+    if "relax_tune.dot_" in text:
+        from .space.cpu.int8_intrin import register_named
+
+        register_named(text)
+    Trace.apply_json_to_schedule(trace_json, sch)
 
 
 def args_info(mod: tvm.IRModule, symbolic_as_none: bool = False) -> list:

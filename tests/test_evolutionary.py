@@ -151,13 +151,13 @@ def test_a_pool_whose_time_is_spent_replays_no_whole_chunk_past_it(target):
     fresh samples, and replays not much more than those (invalid samples are replaced):
     no chunk of 32 started past the time,
     no mutation round."""
-    from relax_tune.search import evolutionary
+    from relax_tune.search.pool_clock import MIN_TIMED_POOL
 
     search = EvolutionarySearch(matmul(256), target, seed=3, ranked_pool=64,
                                 context=SearchContext(cost_model=PriorXGBModel(),
                                                       pool_secs=1e-3))
     search.next_candidates(4)
-    least = evolutionary._MIN_TIMED_POOL
+    least = MIN_TIMED_POOL
     assert least <= search.stats["fresh"] and search.stats["replays"] <= 2 * least
     assert search.stats["mutants"] == 0
 

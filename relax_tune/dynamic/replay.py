@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.s_tir import SBlock, Schedule, Trace
+from tvm.s_tir import SBlock, Schedule
 
-from ..utils import trace_to_json
+from ..utils import apply_trace_json, trace_to_json
 from .buckets import _dtype, symbolic_vars
 from .tiles import _identity, unswitch_partial_tiles
 
@@ -111,14 +111,14 @@ def replay_symbolic(mod: tvm.IRModule, trace_json: list,
     # Raises, e.g., for an rfactor of a reduction over n split by a factor that does not
     # divide n: TVM refuses to decompose its init (not quasi-affine), and rightly so, since
     # without the decomposition the rfactor slots past n would never be initialised.
-    Trace.apply_json_to_schedule(sym, sch)
+    apply_trace_json(sym, sch)
     symbolic, parallel = _probe(mod, sch.trace, splits)
     decided = {int(i): [int(f) for f in d] for i, d in trace_json[1]
                if trace_json[0][int(i)][0] == "SamplePerfectTile"}
     variable = parallel_variable_factors(decided, parallel)
     if variable:
         sch = Schedule(mod, error_render_level="none")
-        Trace.apply_json_to_schedule(_symbolic_trace(trace_json, variable)[0], sch)
+        apply_trace_json(_symbolic_trace(trace_json, variable)[0], sch)
     trace = sch.trace
     if not symbolic:
         return finish(sch.mod["main"])
@@ -127,7 +127,7 @@ def replay_symbolic(mod: tvm.IRModule, trace_json: list,
     # TVM's dataflow check would refuse it under a cache-write copy whose bindings involve
     # the symbolic tiles.
     final = Schedule(mod, error_render_level="none", enable_check=False)
-    Trace.apply_json_to_schedule(_mark_vector_tiles(trace_to_json(trace), tiles), final)
+    apply_trace_json(_mark_vector_tiles(trace_to_json(trace), tiles), final)
     _split_vector_tiles(final)
     return finish(final.mod["main"])
 

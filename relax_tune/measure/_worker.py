@@ -26,7 +26,7 @@ import tvm
 from ..database import is_baseline
 from ..space.gpu.compile import ensure_cuda_compiler
 from ..space.cpu.layout_rewrite import measurable_module
-from ..utils import ensure_tvm_threads, schedule_from_json
+from ..utils import apply_trace_json, ensure_tvm_threads, schedule_from_json
 from . import cross, prepack
 from .base import short_error
 from .baseline import baseline_module
@@ -101,11 +101,11 @@ def cached_target(target_json: str) -> tvm.target.Target:
 def _replay_error(mod: tvm.IRModule, trace: list, err: Exception) -> str:
     """A readable message for a trace that does not replay: ``schedule_from_json`` renders
     no error text (``error_render_level="none"``, fast), so replay once more with "fast"."""
-    from tvm.s_tir import Schedule, Trace
+    from tvm.s_tir import Schedule
 
     try:
         sch = Schedule(mod, error_render_level="fast")
-        Trace.apply_json_to_schedule(trace, sch)
+        apply_trace_json(trace, sch)
     except Exception as again:  # noqa: BLE001 - any error is the message we want
         return "trace does not replay: " + short_error(again)
     return "trace does not replay: " + short_error(err)

@@ -70,12 +70,12 @@ from ..utils import FAILED_RUN_SECS, schedule_from_json, structural_hash
 from ..database.records import candidate_key
 from .base import Candidate, SearchContext, SearchStrategy
 from .mutators import Mutator, default_mutators
+from .pool_clock import MAX_CHUNK, MIN_TIMED_POOL, PoolClock
 from .replayer import Job, Outcome, Replayer, decisions_of, with_decisions
 
 logger = logging.getLogger("relax_tune.search")
 
 _SEED_HIGH = 2**31 - 1
-_CHUNK = 32  # jobs replayed together (shared with the workers; those past a stop are wasted)
 MAX_APPLY_DISTANCE = 4.5
 """A transferred schedule from a workload this close (``transfer.similarity.shape_distance``)
 and a machine of this one's class is the no-measurement choice over the model's. Measured
@@ -90,15 +90,6 @@ tiles the new extents cannot come near gives another, untuned schedule. With the
 160x160 models on ResNet-18 and MobileNetV2 at 224x224 (5x5 maps against 7x7), the schedules
 that pass ran their kernels 11% faster than the model's choices in sum, weighted by calls
 (39.8 against 44.9 ms; 9.1 against 10.2 ms: docs/design/transfer.md)."""
-_MIN_TIMED_POOL = 8
-"""Fresh samples a pool gets even when its time (``SearchContext.pool_secs``) is spent (16
-made MobileNetV2's 34 first pools take a whole 30 s session on 2 cores)."""
-
-
-_FIRST_REPLAY_SECS = 0.04
-"""A replay's seconds before a search has timed its own (one sample of a convolution's
-space on this 2-core machine: 37-52 ms)."""
-
 
 @dataclass
 class _Entry:
@@ -234,7 +225,7 @@ class EvolutionarySearch(SearchStrategy):
         self._grown = False  # a pool was grown before (the next one is not the first)
         self._ranked_first = False  # the pool is the larger first one the model ranks
         self._small_pool: set[str] = set()  # keys of the first ranked pool's small part
-        self._grow_deadline: float | None = None  # time.monotonic() a pool stops growing at
+        self._clock = PoolClock()  # the time of the pool being grown
         self._transferred: list[tuple[str, bool]] = []  # (key, close enough to apply unmeasured)
         self._transfer_tried = False
         self._repeats = 0  # samples dropped as repeats of a pooled or returned program
@@ -325,12 +316,12 @@ class EvolutionarySearch(SearchStrategy):
         cap = 4 * count + 8
         repeats_before = self._repeats
         while added < count and attempts < cap and streak < self.max_fail_streak \
-                and not (added >= _MIN_TIMED_POOL and self._out_of_time()):
-            if attempts >= _CHUNK and self._repeats - repeats_before == attempts:
+                and not (added >= MIN_TIMED_POOL and self._clock.out_of_time()):
+            if attempts >= MAX_CHUNK and self._repeats - repeats_before == attempts:
                 break  # a whole chunk repeated what the pool holds: a space of few programs
             # never more jobs than candidates still wanted: in this process every job
             # replayed past the count is wasted
-            size = self._chunk(min(cap - attempts, count - added), _MIN_TIMED_POOL - added)
+            size = self._chunk(min(cap - attempts, count - added), MIN_TIMED_POOL - added)
             jobs = [Job(self._sketch_ids[int(self.rng.integers(len(self._sketch_ids)))], [],
                         self._seed()) for _ in range(size)]
             for job, out in zip(jobs, self._replay(jobs)):
@@ -389,14 +380,14 @@ class EvolutionarySearch(SearchStrategy):
                 mutants: int) -> None:
         streak = 0
         for _ in range(generations):
-            if self._out_of_time():
+            if self._clock.out_of_time():
                 return
             self._score_pool()
             parents = self._parent_traces()
             if not parents:
                 return
             done = 0
-            while done < mutants and not (done and self._out_of_time()):
+            while done < mutants and not (done and self._clock.out_of_time()):
                 jobs: list[Job | None] = []
                 for _ in range(self._chunk(mutants - done, 1)):
                     sketch, trace = parents[int(self.rng.integers(len(parents)))]
@@ -486,33 +477,18 @@ class EvolutionarySearch(SearchStrategy):
             self._prepared = True
 
     def _chunk(self, wanted: int, floor: int) -> int:
-        """Jobs to replay together: ``wanted``, at most ``_CHUNK``, and under a pool's time
-        no more than fit in what is left of it (at least ``floor``), at this search's own
-        seconds per replay. A whole chunk started just before the time ran out cost a
-        MobileNetV2 task's timed pool 32 replays (1.3 s) where 8 were due."""
-        size = min(_CHUNK, wanted)
-        if self._grow_deadline is None:
-            return size
-        per_job = self.stats["replay_secs"] / self.stats["replays"] \
-            if self.stats["replays"] else _FIRST_REPLAY_SECS
-        left = max(0.0, self._grow_deadline - time.monotonic())
-        return max(1, min(size, max(floor, math.ceil(left / max(per_job, 1e-4)))))
-
-    def _out_of_time(self) -> bool:
-        """Whether the pool being grown has used its time (``SearchContext.pool_secs``)."""
-        return self._grow_deadline is not None and time.monotonic() >= self._grow_deadline
+        return self._clock.chunk(wanted, floor, self.stats["replays"], self.stats["replay_secs"])
 
     def _grow(self, exclude: set[str] | frozenset[str], at_least: int = 0) -> None:
         """Fresh samples and mutation rounds for the next call; the first pool is the larger
         one when the model already ranks the task (module docstring). With a time per pool
         (``SearchContext.pool_secs``) the growing stops when it is spent, after at least
-        ``_MIN_TIMED_POOL`` fresh samples (and ``at_least``)."""
-        secs = self.context.pool_secs
-        self._grow_deadline = None if secs is None else time.monotonic() + secs
+        ``MIN_TIMED_POOL`` fresh samples (and ``at_least``)."""
+        self._clock.start(self.context.pool_secs)
         try:
             self._grow_pool(exclude, at_least)
         finally:
-            self._grow_deadline = None
+            self._clock.stop()
 
     def _grow_pool(self, exclude: set[str] | frozenset[str], at_least: int) -> None:
         fresh, generations, mutants = \

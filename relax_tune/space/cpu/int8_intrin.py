@@ -15,8 +15,11 @@ instruction family, best first:
 
 TVM 0.27 registers the VNNI description as ``dot_16x4_vnni``, but its implementation passes
 the operands as ``<16 x i32>``, which the LLVM it ships (22) rejects (the intrinsic takes
-``<64 x i8>`` since LLVM 20); the ones here pass bytes. Registered once, on import, under
-``relax_tune.``-prefixed names. The descriptions are written out here rather than imported
+``<64 x i8>`` since LLVM 20); the ones here pass bytes. Registered under
+``relax_tune.``-prefixed names on first use (``register``: when a target's space picks one,
+and ``register_named`` before a trace that names one is replayed): each parses TVMScript,
+and the six of them parsed on import made ``import relax_tune`` (every measurement worker's
+start-up too) take 4.2 s longer. The descriptions are written out here rather than imported
 from ``tvm.s_tir.tensor_intrin.x86``: importing that package parses every intrinsic TVM
 ships (CUDA's MMA ones too), which made ``import relax_tune`` take over a minute on this
 2-core machine under load.
@@ -115,38 +118,54 @@ def _vpdpbusd(lanes: int, llvm_name: str):
     return impl
 
 
-@T.prim_func(s_tir=True)
-def _vpmaddwd(a: T.Buffer((2,), "uint8", offset_factor=1),
-              b: T.Buffer((8, 2), "int16", offset_factor=1),
-              c: T.Buffer((8,), "int32", offset_factor=1)) -> None:
+def _vpmaddwd():
     """``vpmaddwd`` then ``vpaddd``: the 2 bytes of ``a`` broadcast 8 times
     (``vpbroadcastw``) and zero-extended to s16 (``vpmovzxbw``), times ``b``'s 8 s16 pairs,
     each pair's sum added to ``c``. (Building the pair in scalar registers instead costs 8
     instructions a step.)"""
-    with T.sblock("root"):
-        T.reads(c[0:8], a[0:2], b[0:8, 0:2])
-        T.writes(c[0:8])
-        pair = T.reinterpret(a.vload([0], "uint8x2"), dtype="uint16")
-        c[T.ramp(T.int32(0), 1, 8)] = c.vload([0], dtype="int32x8") + T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
-            T.cast(T.reinterpret(T.broadcast(pair, 8), dtype="uint8x16"), "int16x16"),
-            b.vload([0, 0], dtype="int16x16"),
-            dtype="int32x8")
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.Buffer((2,), "uint8", offset_factor=1),
+             b: T.Buffer((8, 2), "int16", offset_factor=1),
+             c: T.Buffer((8,), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:8], a[0:2], b[0:8, 0:2])
+            T.writes(c[0:8])
+            pair = T.reinterpret(a.vload([0], "uint8x2"), dtype="uint16")
+            c[T.ramp(T.int32(0), 1, 8)] = c.vload([0], dtype="int32x8") + \
+                T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                    T.cast(T.reinterpret(T.broadcast(pair, 8), dtype="uint8x16"), "int16x16"),
+                    b.vload([0, 0], dtype="int16x16"),
+                    dtype="int32x8")
+
+    return impl
 
 
-def _register() -> None:
-    impls = {VNNI_16X4: _vpdpbusd(16, "llvm.x86.avx512.vpdpbusd.512"),
-             AVXVNNI_8X4: _vpdpbusd(8, "llvm.x86.avx512.vpdpbusd.256"),
-             AVX2_8X2: _vpmaddwd}
+def _implementation(name: str):
+    if name == VNNI_16X4:
+        return _vpdpbusd(16, "llvm.x86.avx512.vpdpbusd.512")
+    if name == AVXVNNI_8X4:
+        return _vpdpbusd(8, "llvm.x86.avx512.vpdpbusd.256")
+    return _vpmaddwd()
+
+
+def register(name: str) -> None:
+    """Register the tensor intrinsic ``name`` (one of ``INSTRUCTIONS``) with TVM, once."""
+    inst = dot_instruction(name)
+    try:
+        TensorIntrin.get(inst.name, allow_missing=False)
+    except Exception:  # noqa: BLE001 - not registered yet (TVM raises a ValueError/TVMError)
+        TensorIntrin.register(inst.name, _description(inst.lanes, inst.depth,
+                                                      inst.weight_dtype),
+                              _implementation(inst.name))
+
+
+def register_named(trace_text: str) -> None:
+    """Register the intrinsics a trace (its JSON text) names, before it is replayed."""
     for inst in INSTRUCTIONS:
-        try:
-            TensorIntrin.get(inst.name, allow_missing=False)
-        except Exception:  # noqa: BLE001 - not registered yet (TVM raises a ValueError/TVMError)
-            TensorIntrin.register(inst.name, _description(inst.lanes, inst.depth,
-                                                          inst.weight_dtype), impls[inst.name])
-
-
-_register()
+        if inst.name in trace_text:
+            register(inst.name)
 
 
 def int8_dot_intrinsic(target: tvm.target.Target | None) -> str | None:
@@ -158,8 +177,10 @@ def int8_dot_intrinsic(target: tvm.target.Target | None) -> str | None:
         return None
     for inst in INSTRUCTIONS:
         try:
-            if codegen.target_has_features(inst.feature, target):
-                return inst.name
+            has = codegen.target_has_features(inst.feature, target)
         except Exception:  # noqa: BLE001 - a target LLVM cannot describe: no int8 instruction
             return None
+        if has:
+            register(inst.name)
+            return inst.name
     return None
