@@ -72,7 +72,8 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
     start = time.perf_counter()
     torch.onnx.export(model, inputs, float_path, input_names=["x"], verbose=False)
     quantize_qdq(float_path, qdq_path,
-                 calibration_inputs(inputs_np[0].shape, args.calibration, "x"))
+                 calibration_inputs(inputs_np[0].shape, args.calibration, "x",
+                                    like=inputs_np[0]))
     info = f"{name} ({desc}) int8: quantized in {time.perf_counter() - start:.0f} s"
     for contender, path in (("onnxruntime-fp32", float_path), ("onnxruntime", qdq_path)):
         rows.append(onnxruntime_row(path, inputs_np, threads, contender))

@@ -81,9 +81,15 @@ def block_model(seq: int = 8, dim: int = 32, hidden: int = 64):
 
 
 def calibration_inputs(shape: tuple[int, ...], count: int = 8, name: str = "x",
-                       seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """``count`` seeded standard-normal inputs ``{name: array}`` for calibration."""
+                       seed: int = 0, like: np.ndarray | None = None
+                       ) -> list[dict[str, np.ndarray]]:
+    """``count`` seeded inputs ``{name: array}`` for calibration: standard-normal float32,
+    or, ``like`` an integer array (a transformer's token ids), integers from 0 to its
+    largest value, of its type."""
     rng = np.random.default_rng(seed)
+    if like is not None and np.issubdtype(like.dtype, np.integer):
+        high = int(like.max()) + 1
+        return [{name: rng.integers(0, high, shape).astype(like.dtype)} for _ in range(count)]
     return [{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(count)]
 
 
