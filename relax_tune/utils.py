@@ -193,11 +193,12 @@ def apply_trace_json(trace_json: list, sch: Schedule) -> None:
     """``Trace.apply_json_to_schedule``, with relax_tune's own tensor intrinsics that the
     trace names registered first (they are registered on first use, in each process:
     ``space.cpu.int8_intrin``)."""
-    text = json.dumps(trace_json)
-    if "relax_tune.dot_" in text:
+    named = [str(inst[2][0]) for inst in trace_json[0]
+             if inst[0] == "Tensorize" and inst[2] and str(inst[2][0]).startswith("relax_tune.")]
+    if named:
         from .space.cpu.int8_intrin import register_named
 
-        register_named(text)
+        register_named(named)
     Trace.apply_json_to_schedule(trace_json, sch)
 
 

@@ -161,10 +161,11 @@ def register(name: str) -> None:
                               _implementation(inst.name))
 
 
-def register_named(trace_text: str) -> None:
-    """Register the intrinsics a trace (its JSON text) names, before it is replayed."""
+def register_named(names: list[str]) -> None:
+    """Register the intrinsics of ``INSTRUCTIONS`` among ``names`` (those a trace's
+    ``Tensorize`` instructions name), before the trace is replayed."""
     for inst in INSTRUCTIONS:
-        if inst.name in trace_text:
+        if inst.name in names:
             register(inst.name)
 
 
