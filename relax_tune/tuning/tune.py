@@ -25,6 +25,7 @@ from .predict import predict_schedules
 from .progress import Progress
 from .scheduler import make_scheduler
 from .state import TaskReport, init_state
+from .twins import Family, share_with_twins, twin_families
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +96,10 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
     db = open_database(wd, database)
     if wd is not None and tasks:
         wd.write_task_meta(tasks)
+    families = _families(tasks, wd)
     if not cfg.measure:
-        return _predict_only(tasks, wd, db, cfg, start)
+        return _predict_only(tasks, families, wd, db, cfg, start)
+    tuned = [fam.leader for fam in families]
     runner = cfg.runner or LocalRunner()
     for kind_target in {t.target.kind.name: t.target for t in tasks}.values():
         runner.check_target(kind_target)  # e.g. cuda without a GPU: stop before any work
@@ -106,9 +109,9 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
     model = make_cost_model(cfg.cost_model, wd)  # a name, or a CostModel passed through
     # the searches replay candidates in the builder's workers too while those idle
     replay_pool = _pool_of(builder)
-    states = _states(tasks, db, cfg, model, replay_pool, cfg.max_time)
-    hooks = [*dynamic_hooks(tasks, cfg, wd), SaveCostModel()]
-    session = Session(tasks, db, measurer, wd, cfg, model)
+    states = _states(tuned, db, cfg, model, replay_pool, cfg.max_time)
+    hooks = [*dynamic_hooks(tuned, cfg, wd), SaveCostModel()]
+    session = Session(tuned, db, measurer, wd, cfg, model)
     per_task = cfg.per_task_budget
     remaining = max(0, cfg.trial_budget - sum(st.report.trials for st in states))
     progress = Progress(remaining, wd.log_file if wd else None, enable_bar=cfg.progress_bar,
@@ -133,37 +136,63 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
             builder.shutdown()
         if cfg.runner is None:
             runner.shutdown()
-    return [st.report for st in states]
+        reports = _share(tasks, families, states, wd, db)
+    return reports
 
 
-def _predict_only(tasks: Sequence[Task], wd: WorkDir | None, db: Database, cfg: TuneConfig,
-                  start: float) -> list[TaskReport]:
-    """The no-measurement compile's session (``measure=False``): each task's top-ranked
-    candidate recorded as its predicted schedule (``predict.py``), nothing built or timed.
-    The searches replay their pools in the builder's workers too; the pools share
-    ``max_time``, or ``PREDICT_SECS`` per task."""
+def _families(tasks: Sequence[Task], wd: WorkDir | None) -> list[Family]:
+    """The session's families of twin tasks (``twins.py``): one search each. Without a
+    work_dir there is nowhere to keep the members' schedules, so every task is tuned."""
+    if wd is None:
+        return [Family(leader=task, first=task) for task in tasks]
+    return twin_families(tasks)
+
+
+def _share(tasks: Sequence[Task], families: list[Family], states: list,
+           wd: WorkDir | None, db: Database) -> list[TaskReport]:
+    """The twins given their leaders' schedules; one report per task of ``tasks``, in their
+    order (a member's says ``twin``, and ``predicted`` when it got its leader's schedule)."""
+    reports = {id(fam.first): st.report for fam, st in zip(families, states)}
+    members = [m for fam in families for m in fam.members]
+    if members and wd is not None:
+        predicted = wd.open_predicted(create=True)
+        share_with_twins(families, db, predicted)
+        for member in members:
+            reports[id(member)] = TaskReport(
+                member, status="twin",
+                predicted=predicted.query_tuning_record(member.mod, member.target) is not None)
+    return [reports[id(task)] for task in tasks if id(task) in reports]
+
+
+def _predict_only(tasks: Sequence[Task], families: list[Family], wd: WorkDir | None,
+                  db: Database, cfg: TuneConfig, start: float) -> list[TaskReport]:
+    """The no-measurement compile's session (``measure=False``): each family leader's
+    top-ranked candidate recorded as its predicted schedule (``predict.py``) and shared with
+    its twins, nothing built or timed. The searches replay their pools in the builder's
+    workers too; the pools share ``max_time``, or ``PREDICT_SECS`` per task."""
     if wd is None:
         raise RelaxTuneError("measure=False needs a work_dir: the predicted schedules are "
                              "kept there for ApplyDatabase")
     builder = cfg.builder or LocalBuilder()
     model = make_cost_model(cfg.cost_model, wd)
-    budget = cfg.max_time if cfg.max_time is not None else PREDICT_SECS * len(tasks)
+    leaders = [fam.leader for fam in families]
+    budget = cfg.max_time if cfg.max_time is not None else PREDICT_SECS * len(leaders)
     progress = Progress(0, wd.log_file, enable_bar=False)
     try:
-        states = _states(tasks, db, cfg, model, _pool_of(builder), budget)
+        states = _states(leaders, db, cfg, model, _pool_of(builder), budget)
         deadline = None if cfg.max_time is None else start + cfg.max_time
         count = predict_schedules(states, wd.open_predicted(create=True), deadline)
         for st in states:
             st.report.status = "predicted" if st.report.predicted else "untuned"
         logger.info("no-measurement compile: predicted schedules for %d of %d tasks in %.1f s "
-                    "(the others keep their untuned code)", count, len(tasks),
+                    "(the others keep their untuned code)", count, len(leaders),
                     time.monotonic() - start)
         progress.table([st.report for st in states])
     finally:
         progress.close()
         if cfg.builder is None:
             builder.shutdown()
-    return [st.report for st in states]
+    return _share(tasks, families, states, wd, db)
 
 
 def _states(tasks: Sequence[Task], db: Database, cfg: TuneConfig, model, replay_pool,
