@@ -26,6 +26,7 @@ from tvm.target import codegen
 
 import relax_tune as rt
 from relax_tune.lowering.int8 import IntegerQDQ
+from relax_tune.lowering.int8_movement import MOVES, drop_movement_qdq
 from relax_tune.model_loader import load_model
 from relax_tune.space.cpu.layout_rewrite import layout_free_buffers
 from relax_tune.space import generate_design_space, space_for_target, without_decisions
@@ -122,6 +123,17 @@ def test_integer_qdq_computes_convolutions_and_matmuls_in_int32(models, name):
     # nothing float is left around them: every float conv/matmul is gone
     assert not [c for c in _calls(out, "relax.nn.conv2d") + _calls(out, "relax.matmul")
                 if str(c.ty.dtype) == "float32"]
+
+
+@needs_ort
+def test_moved_quantized_tensors_are_moved_as_integers(models):
+    mod = load_model(models["block"][1]).mod
+    def moves(m, dtype):
+        return [c for name in MOVES for c in _calls(m, name, dtype)]
+    assert len(moves(mod, "float32")) == 1 and not moves(mod, "uint8")  # k's transpose in QDQ
+    out = drop_movement_qdq(mod)
+    assert len(moves(out, "uint8")) == 1 and not moves(out, "float32")
+    assert len(_calls(out, "relax.quantize")) == len(_calls(mod, "relax.quantize")) - 1
 
 
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})

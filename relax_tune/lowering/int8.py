@@ -38,6 +38,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
+from .int8_movement import drop_movement_qdq
 from .rewrite import constant, rewrite_functions
 from .qparams import INT8_TYPES, QParams, activation_bounds, output_multiplier, qparams_of
 
@@ -249,7 +250,9 @@ class IntegerQDQ:
     docstring). Chains it does not cover keep their float arithmetic."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        """``mod`` with its quantized conv2d/matmul chains in integer arithmetic."""
+        """``mod`` with its quantized conv2d/matmul chains in integer arithmetic (after the
+        float round trips around moved quantized tensors are dropped: ``int8_movement``)."""
+        mod = drop_movement_qdq(mod)
         for op_name in ("relax.nn.conv2d", "relax.matmul"):
             pattern, parts = _pattern(op_name)
             mod = rewrite_functions(
