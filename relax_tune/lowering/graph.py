@@ -24,6 +24,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple_get_item, wildcard
 
 from .rewrite import constant, rewrite_functions
+from .transpose_sinking import UNARY_ELEMENTWISE_OPS, sink_transposes
 
 logger = logging.getLogger(__name__)
 
@@ -161,15 +162,7 @@ class ChannelsLastConvolutions:
             logger.warning("convolutions kept in their exported layout: TVM's ConvertLayout "
                            "failed on this model (%s)", str(err).splitlines()[-1][:200])
             return mod
-        return _cancel_transpose_pairs(converted)
-
-
-UNARY_ELEMENTWISE_OPS = ("relax.clip", "relax.nn.relu", "relax.nn.leakyrelu", "relax.nn.gelu",
-                         "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
-                         "relax.exp", "relax.sqrt", "relax.negative", "relax.abs")
-"""Operations that act on each element alone (scalar attributes or arguments only), which
-``ConvertLayout`` does not all know: it wraps e.g. ``clip`` (MobileNet's ReLU6) in a
-transpose back to NCHW and another to NHWC."""
+        return sink_transposes(_cancel_transpose_pairs(converted))
 
 
 def _unary_between_transposes():
