@@ -126,6 +126,15 @@ def test_integer_qdq_computes_convolutions_and_matmuls_in_int32(models, name):
 
 
 @needs_ort
+def test_integer_convolutions_read_a_multiple_of_four_channels_and_pool_integers(models):
+    out = IntegerQDQ()(load_model(models["cnn"][1]).mod)
+    first = [c for c in _calls(out, "relax.nn.conv2d", "int32") if c.args[1].ty.shape[1] != 1][0]
+    assert [int(d) for d in first.args[1].ty.shape] == [8, 4, 3, 3]  # 3 channels + 1 of zeros
+    pools = _calls(out, "relax.nn.max_pool2d")
+    assert len(pools) == 1 and str(pools[0].ty.dtype) == "uint8"
+
+
+@needs_ort
 def test_moved_quantized_tensors_are_moved_as_integers(models):
     mod = load_model(models["block"][1]).mod
     def moves(m, dtype):

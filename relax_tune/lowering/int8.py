@@ -143,14 +143,26 @@ def _bounds(matches: dict, parts: dict, y: QParams) -> tuple[int, int]:
     return activation_bounds(None, None, y)
 
 
+CHANNEL_MULTIPLE = 4
+"""Input channels of an integer convolution are padded to a multiple of this (zero weights):
+the dot-product instructions reduce 4 (VNNI) or 2 (AVX2) bytes at a time
+(``space.cpu.int8_dot``), and a first convolution's 3 channels left ResNet-18's 7x7 stem to
+the block rules, 2.6 ms of the int8 model's 13.3 ms in place (Intel Xeon, 2 threads)."""
+
+
 def _integer_conv(qx: relax.Expr, attrs, w: np.ndarray, zx: int) -> tuple[relax.Expr, list]:
-    """conv2d of the quantized input, padded with its zero point, and the int8 weights."""
+    """conv2d of the quantized input, padded with its zero point (spatially, and to a
+    multiple of ``CHANNEL_MULTIPLE`` channels), and the int8 weights."""
     if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW") \
             or str(attrs.out_layout) != "NCHW":
         raise _Unsupported("a convolution not in NCHW/OIHW")
     top, left, bottom, right = (int(p) for p in attrs.padding)
-    if top or left or bottom or right:
-        qx = relax.op.nn.pad(qx, [0, 0, 0, 0, top, bottom, left, right], pad_value=float(zx))
+    extra = -w.shape[1] % CHANNEL_MULTIPLE if int(attrs.groups) == 1 else 0
+    if extra:  # zero weights for the added channels: whatever they read adds nothing
+        w = np.pad(w, [(0, 0), (0, extra), (0, 0), (0, 0)])
+    if top or left or bottom or right or extra:
+        qx = relax.op.nn.pad(qx, [0, 0, 0, extra, top, bottom, left, right],
+                             pad_value=float(zx))
     acc = relax.op.nn.conv2d(qx, relax.const(w), strides=attrs.strides, padding=[0, 0, 0, 0],
                              dilation=attrs.dilation, groups=attrs.groups,
                              data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW",

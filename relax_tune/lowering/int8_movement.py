@@ -10,8 +10,8 @@ optimiser drops these pairs the same way. A BERT-class int8 encoder's attention 
 transposes took 0.07 to 0.11 ms each in float (Intel Xeon, 2 threads, tuned), a quarter of the
 tuned model's time with the softmax's.
 
-Covered: reshape, permute_dims (transpose), expand_dims, squeeze and flatten, per-tensor u8/s8
-parameters that are equal on both sides.
+Covered: reshape, permute_dims (transpose), expand_dims, squeeze, flatten and max_pool2d,
+per-tensor u8/s8 parameters that are equal on both sides.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from .qparams import INT8_TYPES, qparams_of
 from .rewrite import rewrite_functions
 
 MOVES = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
-         "relax.flatten")
-"""The operations that only move elements (their first argument is the tensor)."""
+         "relax.flatten", "relax.nn.max_pool2d")
+"""The operations that only move or pick elements (their first argument is the tensor): a
+max pool picks one element of each window (dequantize is increasing), and pads with the
+type's minimum, which no element is below."""
 
 
 def _pattern():

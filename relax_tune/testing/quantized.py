@@ -16,9 +16,10 @@ def _w(rng: np.random.Generator, *shape: int) -> np.ndarray:
 
 
 def cnn_model(channels: int = 8, size: int = 16):
-    """conv3x3(3->c, pad 1) -> ReLU -> depthwise conv3x3(c, stride 2) -> ReLU ->
-    conv1x1(c->2c) -> global average pool -> flatten -> Gemm(2c->10), input ``x`` of shape
-    ``(1, 3, size, size)``: an ``onnx.ModelProto`` (opset 17)."""
+    """conv3x3(3->c, pad 1) -> ReLU -> max pool 3x3 (stride 1, pad 1) -> depthwise
+    conv3x3(c, stride 2) -> ReLU -> conv1x1(c->2c) -> global average pool -> flatten ->
+    Gemm(2c->10), input ``x`` of shape ``(1, 3, size, size)``: an ``onnx.ModelProto``
+    (opset 17)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -29,7 +30,8 @@ def cnn_model(channels: int = 8, size: int = 16):
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"]),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1],
+        helper.make_node("MaxPool", ["r1"], ["m1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["m1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1],
                          strides=[2, 2], group=channels),
         helper.make_node("Relu", ["c2"], ["r2"]),
         helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"]),

@@ -1,0 +1,64 @@
+"""Transposes moved down the graph until they cancel (lowering/transpose_sinking.py)."""
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from relax_tune.lowering.transpose_sinking import count_transposes, sink_transposes
+
+NCHW, NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
+
+
+def _function(body) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 6, 5, 8), "float32"))  # NHWC
+    r = relax.Var("r", relax.TensorType((1, 8, 3, 2), "float32"))  # NCHW, for a residual
+    with bb.function("main", [x, r]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, x, r))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
+    target = tvm.target.Target("llvm")
+    with target:
+        lowered = relax.get_pipeline("zero")(mod)
+    vm = relax.VirtualMachine(tvm.compile(lowered, target), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+def _quantized_block(bb, x, r):
+    """A quantized layer's tail as ConvertLayout leaves it: back to NCHW, clip, cast, the
+    zero-point pad, a pool, a dequantize, a residual add, back to NHWC."""
+    t = bb.emit(relax.op.permute_dims(x, NCHW))
+    c = bb.emit(relax.op.astype(relax.op.clip(relax.op.round(t), 0, 255), "uint8"))
+    p = bb.emit(relax.op.nn.pad(c, [0, 0, 0, 0, 1, 1, 1, 1], pad_value=3.0))
+    pooled = bb.emit(relax.op.nn.max_pool2d(relax.op.astype(p, "float32"), (3, 3), (2, 2)))
+    d = bb.emit(relax.op.add(pooled, r))
+    return bb.emit(relax.op.permute_dims(relax.op.multiply(d, relax.const(0.5)), NHWC))
+
+
+def test_transposes_around_unknown_elementwise_ops_pad_and_pools_cancel():
+    r_nhwc = np.random.default_rng(1).standard_normal((1, 3, 3, 8)).astype("float32")
+
+    def with_residual_nhwc(bb, x, _r):  # the residual also comes transposed from NHWC
+        r = bb.emit(relax.op.permute_dims(relax.const(r_nhwc), NCHW))
+        return _quantized_block(bb, x, r)
+
+    mod = _function(with_residual_nhwc)
+    assert count_transposes(mod) == 3
+    out = sink_transposes(mod)
+    assert count_transposes(out) == 0
+    x = np.random.default_rng(0).uniform(-20, 300, (1, 6, 5, 8)).astype("float32")
+    unused = np.zeros((1, 8, 3, 2), "float32")
+    np.testing.assert_allclose(_run(out, x, unused), _run(mod, x, unused), rtol=1e-6)
+
+
+def test_a_rewrite_that_leaves_as_many_transposes_is_not_kept():
+    def block(bb, x, r):  # the add's other side stays NCHW: nothing can cancel
+        t = bb.emit(relax.op.permute_dims(x, NCHW))
+        return bb.emit(relax.op.add(relax.op.nn.relu(t), relax.op.nn.relu(t)))
+
+    mod = _function(block)
+    assert sink_transposes(mod) is mod
