@@ -63,7 +63,9 @@ class TaskReport(AppliedLatency):
     new_trials: int = 0
     status: str = "tuning"
     """Why the task stopped: budget, converged, exhausted, too cheap, time, stopped; with
-    nothing measured (``measure=False``): predicted or untuned."""
+    nothing measured (``measure=False``): predicted or untuned; ``twin`` for a task that
+    differs from an earlier one only in its constants and takes that one's schedule
+    (``tuning.twins``)."""
     predicted: bool = False
     """The task has a predicted schedule (``tuning.predict``), used where nothing of it was
     measured."""
