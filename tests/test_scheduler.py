@@ -100,22 +100,6 @@ def test_max_time_stops_tuning(two_task_model, tmp_path, caplog, own_workers):
     assert all(r.task_name in warned[0] for r in reports)
 
 
-def test_converged_tasks_tune_again_while_a_time_limit_has_time_left(two_task_model,
-                                                                      tmp_path, caplog):
-    """Without a time limit a session ends when every task has converged; with one, the
-    converged tasks tune again until the time is spent (convergence_window=1: a task
-    converges at its first trial that does not gain 1%)."""
-    options = dict(SMALL, max_trials_global=200, convergence_window=1)
-    untimed = rt.tune_tasks(two_task_model, str(tmp_path / "untimed"), **options)
-    assert all(r.status in ("converged", "exhausted") for r in untimed)
-    start = time.monotonic()
-    with caplog.at_level(logging.INFO, logger="relax_tune"):
-        timed = rt.tune_tasks(two_task_model, str(tmp_path / "timed"), max_time=12, **options)
-    assert any("converged tasks tune again" in r.getMessage() for r in caplog.records)
-    assert sum(r.trials for r in timed) > sum(r.trials for r in untimed)
-    assert time.monotonic() - start < 12 + 30  # the limit, plus one batch
-
-
 def test_no_next_pool_is_grown_for_a_batch_that_cannot_come(two_task_model, tmp_path,
                                                             monkeypatch):
     """The search grows a pool while a batch builds, but only for a batch that can come:

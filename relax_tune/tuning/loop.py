@@ -55,9 +55,7 @@ def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: Tun
         _judge_shares(states, cfg.min_task_share)
         index = scheduler.next_task([st.progress for st in states])
         if index is None:
-            if deadline is None or not _reopen_converged(states):
-                break
-            continue
+            break
         st = states[index]
         n = min(cfg.num_trials_per_iter, per_task - st.report.trials, remaining)
         # tasks still waiting for their first batch, this one included (1 after its first)
@@ -205,32 +203,14 @@ def finish(st: TaskState, status: str) -> None:
                     st.report.trials)
 
 
-def _reopen_converged(states: list[TaskState]) -> bool:
-    """Under a time limit with time left and every task stopped, the converged tasks tune
-    again (each needs another convergence window of trials to converge anew); True when one
-    was reopened. "Converged" means no 1% gain over a window of trials, not that no better
-    schedule exists, and the time is the user's to spend: the BERT-class encoder's sessions
-    ended at 196 s of 300 (float32, run 9) and at 247 s (int8), every task converged."""
-    reopened = [st for st in states if st.report.status == "converged"]
-    for st in reopened:
-        st.progress.active, st.report.status = True, "tuning"
-        st.converged_at = len(st.best_history)
-    if reopened:
-        logger.info("every task stopped with time left: %d converged tasks tune again",
-                    len(reopened))
-    return bool(reopened)
-
-
 def _after_round(st: TaskState, per_task: int, window: int) -> None:
-    """Record the round's best; stop the task at its budget or when it has converged (no
-    1% gain over ``window`` trials, counted from its last reopening)."""
+    """Record the round's best; stop the task at its budget or when it has converged."""
     st.progress.rounds += 1
     st.progress.best_per_round.append(st.report.best_secs or float("inf"))
     hist = st.best_history
     if st.report.trials >= per_task:
         finish(st, "budget")
-    elif window > 0 and len(hist) - st.converged_at > window \
-            and hist[-1] > 0.99 * hist[-1 - window]:
+    elif window > 0 and len(hist) > window and hist[-1] > 0.99 * hist[-1 - window]:
         finish(st, "converged")
         logger.info("%s: converged (no 1%% gain in %d trials)", st.report.task_name, window)
 

@@ -114,9 +114,6 @@ class TaskState:
     """What the measurement protocol keeps of the task between batches."""
     best_history: list[float] = field(default_factory=list)
     """Best latency after each trial measured in this run (inf until one is valid)."""
-    converged_at: int = 0
-    """Length of ``best_history`` when the task was last reopened after converging
-    (``loop._reopen_converged``): convergence is judged on the trials after it."""
 
 
 def init_state(index: int, task: Task, db: Database, strategy: str, seed: int,

@@ -55,8 +55,7 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
     model's estimated tuned time it waits at its best ("too cheap"), and gets trials again
     if the others' tuning raises its share. A task stops when its space is exhausted or
     when its best did not improve by 1% over its last ``convergence_window`` trials; its
-    budget flows to the others. Under ``max_time``, when every task has stopped with time
-    left, the converged ones tune again (``loop._reopen_converged``).
+    budget flows to the others.
 
     Resumption: records already in the database count against the budgets and are never
     measured again, so running twice with the same work_dir resumes instead of starting
