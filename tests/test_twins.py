@@ -68,3 +68,15 @@ def test_one_twin_is_tuned_and_the_others_get_its_schedule(tmp_path, target):
     out = tvm.runtime.tensor(np.zeros((N, N), "float32"))
     lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+
+
+def test_without_measurement_a_family_is_predicted_once(tmp_path, target):
+    mod = tvm.IRModule({"layer0": requantize(0.02, 114), "layer1": requantize(0.5, 7)})
+    tasks = rt.extract_tasks(mod, target)
+    work = str(tmp_path / "work")
+    reports = rt.tune_tasks(tasks, work, measure=False)
+    assert [(r.task_name, r.status, r.predicted) for r in reports] == [
+        ("layer0", "predicted", True), ("layer1", "twin", True)]
+    predicted = WorkDir(work).open_predicted()
+    assert predicted.query_tuning_record(tasks[1].mod, target).trace_json == \
+        predicted.query_tuning_record(tasks[0].mod, target).trace_json
