@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -90,14 +92,25 @@ class Family:
     members: list[Task] = field(default_factory=list)
 
 
+def _kin(task: Task) -> str:
+    """What twins have in common before their workloads are compared: the arguments' types
+    and shapes, and the name of the fused function with its numbers taken out (TVM numbers
+    each fusion of the same operators apart: ``..._add11_tir_clip4...``,
+    ``..._add26_tir_clip4...``)."""
+    return json.dumps(task.args_info) + re.sub(r"\d+", "", task.task_name)
+
+
 def twin_families(tasks: Sequence[Task]) -> list[Family]:
     """``tasks`` grouped into families of twins, in the order of their first task. A task of
-    a dynamic-shape bucket, or one whose workload cannot be compared, is a family alone."""
+    a dynamic-shape bucket, or one whose workload cannot be compared, is a family alone.
+    Only tasks that share their ``_kin`` with another are compared (a float32 model's
+    tasks mostly do not, and the comparison costs about 20 ms a task)."""
+    kin = Counter(_kin(task) for task in tasks)
     families: list[Family] = []
     by_hash: dict[int, list[tuple[tvm.IRModule, Family]]] = {}
     for task in tasks:
         blind = None
-        if task.shape is None:
+        if task.shape is None and kin[_kin(task)] > 1:
             try:
                 blind = constant_blind(task.mod)
             except Exception as err:  # noqa: BLE001 - then it is tuned alone, as before
