@@ -10,8 +10,8 @@ optimiser drops these pairs the same way. A BERT-class int8 encoder's attention 
 transposes took 0.07 to 0.11 ms each in float (Intel Xeon, 2 threads, tuned), a quarter of the
 tuned model's time with the softmax's.
 
-Covered: reshape, permute_dims (transpose), expand_dims, squeeze, flatten and max_pool2d,
-per-tensor u8/s8 parameters that are equal on both sides.
+Covered: reshape, permute_dims (transpose), expand_dims, squeeze, flatten, max_pool2d and
+take, per-tensor u8/s8 parameters that are equal on both sides.
 """
 
 from __future__ import annotations
@@ -24,16 +24,18 @@ from .qparams import INT8_TYPES, qparams_of
 from .rewrite import rewrite_functions
 
 MOVES = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
-         "relax.flatten", "relax.nn.max_pool2d")
+         "relax.flatten", "relax.nn.max_pool2d", "relax.take")
 """The operations that only move or pick elements (their first argument is the tensor): a
 max pool picks one element of each window (dequantize is increasing), and pads with the
-type's minimum, which no element is below."""
+type's minimum, which no element is below; ``take`` gathers elements (PyTorch's packed
+q/k/v projection is split by three of them)."""
+TWO_ARGUMENTS = ("relax.reshape", "relax.take")
 
 
 def _pattern():
     q = wildcard()
     dq = is_op("relax.dequantize")(q, is_const(), is_const())
-    moves = [is_op(name)(dq, wildcard()) if name == "relax.reshape" else is_op(name)(dq)
+    moves = [is_op(name)(dq, wildcard()) if name in TWO_ARGUMENTS else is_op(name)(dq)
              for name in MOVES]
     moved = moves[0]
     for alternative in moves[1:]:
