@@ -145,6 +145,27 @@ def test_moved_quantized_tensors_are_moved_as_integers(models):
     assert len(_calls(out, "relax.quantize")) == len(_calls(mod, "relax.quantize")) - 1
 
 
+def test_a_gather_of_a_quantized_tensor_gathers_the_integers():
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((3, 8, 4), "uint8"))
+    scale, zero = relax.const(0.5, "float32"), relax.const(7, "uint8")
+    with bb.function("main", [q]):
+        with bb.dataflow():
+            picked = bb.emit(relax.op.take(relax.op.dequantize(q, scale, zero),
+                                           relax.const(1, "int64"), axis=0))
+            out = bb.emit_output(relax.op.quantize(picked, scale, zero, out_dtype="uint8"))
+        bb.emit_func_output(out)
+    mod = drop_movement_qdq(bb.get())
+    assert not _calls(mod, "relax.quantize") and not _calls(mod, "relax.dequantize")
+    assert len(_calls(mod, "relax.take", "uint8")) == 1
+    x = np.random.default_rng(0).integers(0, 256, (3, 8, 4)).astype("uint8")
+    target = tvm.target.Target("llvm")
+    with target:
+        lowered = relax.get_pipeline("zero")(mod)
+    vm = relax.VirtualMachine(tvm.compile(lowered, target), tvm.cpu())
+    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), x[1])
+
+
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
 """An AVX2 target without AVX-512 or VNNI (its int8 kernels on ``vpmaddwd``): runs on any
 host with AVX2."""
