@@ -23,8 +23,8 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple_get_item, wildcard
 
-from .rewrite import constant, rewrite_functions
-from .transpose_sinking import UNARY_ELEMENTWISE_OPS, sink_transposes
+from .rewrite import constant, count_calls, rewrite_functions
+from .transpose_sinking import sink_transposes
 
 logger = logging.getLogger(__name__)
 
@@ -128,20 +128,6 @@ along the output channels (16-512 of them) instead of a feature map's width (7-5
 Measured: docs/design/channels-last.md."""
 
 
-def _has_op(mod: tvm.IRModule, name: str) -> bool:
-    op = tvm.ir.Op.get(name)
-    found = []
-
-    def visit(expr) -> None:
-        if isinstance(expr, relax.Call) and expr.op.same_as(op):
-            found.append(expr)
-
-    for _, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return bool(found)
-
-
 @tvm.transform.module_pass(opt_level=0, name="relax_tune.ChannelsLastConvolutions")
 class ChannelsLastConvolutions:
     """TVM's ``ConvertLayout`` to ``CPU_CONV_LAYOUT`` for modules that have a conv2d: it
@@ -154,7 +140,7 @@ class ChannelsLastConvolutions:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """``mod`` with its convolutions in the channels-last layout."""
-        if not _has_op(mod, "relax.nn.conv2d"):
+        if not count_calls(mod, "relax.nn.conv2d"):
             return mod
         try:
             converted = relax.transform.ConvertLayout(CPU_CONV_LAYOUT)(mod)
@@ -162,43 +148,4 @@ class ChannelsLastConvolutions:
             logger.warning("convolutions kept in their exported layout: TVM's ConvertLayout "
                            "failed on this model (%s)", str(err).splitlines()[-1][:200])
             return mod
-        return sink_transposes(_cancel_transpose_pairs(converted))
-
-
-def _unary_between_transposes():
-    x = wildcard()
-    inner = is_op("relax.permute_dims")(x)
-    unary = None
-    for name in UNARY_ELEMENTWISE_OPS:
-        op = is_op(name)(inner) if name != "relax.clip" else is_op(name)(inner, wildcard(),
-                                                                         wildcard())
-        unary = op if unary is None else unary | op
-    outer = is_op("relax.permute_dims")(unary)
-    return outer, x, inner, unary
-
-
-def _axes(call: relax.Call, ndim: int) -> list[int]:
-    axes = call.attrs.axes
-    return list(range(ndim))[::-1] if axes is None else [int(a) for a in axes]
-
-
-def _cancel_transpose_pairs(mod: tvm.IRModule) -> tvm.IRModule:
-    """``permute_dims(u(permute_dims(x, p)), q)`` -> ``u(x)`` for an elementwise ``u`` when
-    ``q`` undoes ``p`` (MobileNetV2's ReLU6 sat between such pairs after ConvertLayout;
-    docs/design/channels-last.md)."""
-    pattern, x, inner, unary = _unary_between_transposes()
-
-    def rewrite(matched: relax.Expr, matches: dict) -> relax.Expr:
-        src = matches[x]
-        ndim = len(src.ty.shape) if hasattr(src.ty, "shape") and src.ty.shape is not None \
-            else None
-        if ndim is None:
-            return matched
-        p = _axes(matches[inner], ndim)
-        q = _axes(matched, ndim)
-        if [p[i] for i in q] != list(range(ndim)):
-            return matched
-        call = matches[unary]
-        return relax.Call(call.op, [src, *call.args[1:]], call.attrs, call.ty_args)
-
-    return rewrite_functions(mod, pattern, rewrite)
+        return sink_transposes(converted)

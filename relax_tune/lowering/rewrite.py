@@ -28,3 +28,17 @@ def rewrite_functions(mod: tvm.IRModule, pattern, rewrite) -> tvm.IRModule:
                 out = out.clone() if out is mod else out  # update_func mutates in place
                 out.update_func(gv, new)
     return out
+
+
+def count_calls(mod: tvm.IRModule, name: str) -> int:
+    """Calls of the operator ``name`` in the Relax functions of ``mod``."""
+    op, found = tvm.ir.Op.get(name), [0]
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and expr.op.same_as(op):
+            found[0] += 1
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found[0]

@@ -31,14 +31,14 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
 from .qparams import qparams_of
-from .rewrite import rewrite_functions
+from .rewrite import count_calls, rewrite_functions
 
 UNARY_ELEMENTWISE_OPS = ("relax.clip", "relax.nn.relu", "relax.nn.leakyrelu", "relax.nn.gelu",
                          "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
                          "relax.exp", "relax.sqrt", "relax.negative", "relax.abs")
 """Operations that act on each element alone (scalar attributes or arguments only), which
 ``ConvertLayout`` does not all know: it wraps e.g. ``clip`` (MobileNet's ReLU6) in a
-transpose back to NCHW and another to NHWC."""
+transpose back to NCHW and another to NHWC, a pair this pass cancels."""
 
 UNARY = (*UNARY_ELEMENTWISE_OPS, "relax.astype", "relax.round", "relax.floor", "relax.ceil")
 QUANTIZE = ("relax.quantize", "relax.dequantize")
@@ -153,24 +153,10 @@ def _rules():
     return rules
 
 
-def count_transposes(mod: tvm.IRModule) -> int:
-    """``permute_dims`` calls in the Relax functions of ``mod``."""
-    op, found = tvm.ir.Op.get("relax.permute_dims"), [0]
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and expr.op.same_as(op):
-            found[0] += 1
-
-    for _, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return found[0]
-
-
 def sink_transposes(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with its transposes moved down until they cancel (see the module doc), or
     ``mod`` itself when that leaves no fewer transposes."""
-    before = count_transposes(mod)
+    before = count_calls(mod, "relax.permute_dims")
     if not before:
         return mod
     out = mod
@@ -180,6 +166,6 @@ def sink_transposes(mod: tvm.IRModule) -> tvm.IRModule:
         for pattern, rewrite in rules:
             out = rewrite_functions(out, pattern, rewrite)
         out = relax.transform.DeadCodeElimination()(out)
-        if tvm_ffi.structural_equal(out, current):
+        if tvm_ffi.structural_equal(out, current):  # a declined match still rebuilds
             break
-    return out if count_transposes(out) < before else mod
+    return out if count_calls(out, "relax.permute_dims") < before else mod

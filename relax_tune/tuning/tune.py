@@ -155,12 +155,10 @@ def _share(tasks: Sequence[Task], families: list[Family], states: list,
     reports = {id(fam.first): st.report for fam, st in zip(families, states)}
     members = [m for fam in families for m in fam.members]
     if members and wd is not None:
-        predicted = wd.open_predicted(create=True)
-        share_with_twins(families, db, predicted)
+        shared = {id(m) for m in share_with_twins(families, db, wd.open_predicted(create=True))}
         for member in members:
-            reports[id(member)] = TaskReport(
-                member, status="twin",
-                predicted=predicted.query_tuning_record(member.mod, member.target) is not None)
+            reports[id(member)] = TaskReport(member, status="twin",
+                                             predicted=id(member) in shared)
     return [reports[id(task)] for task in tasks if id(task) in reports]
 
 

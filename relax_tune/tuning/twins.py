@@ -147,10 +147,10 @@ def leader_trace(family: Family, db: Database, predicted: PredictedSchedules) ->
 
 
 def share_with_twins(families: Sequence[Family], db: Database,
-                     predicted: PredictedSchedules) -> int:
+                     predicted: PredictedSchedules) -> list[Task]:
     """Give each family's members the leader's schedule as their predicted schedule (see the
-    module doc). Returns how many members got one."""
-    shared = 0
+    module doc). Returns the members that got one."""
+    shared: list[Task] = []
     for fam in families:
         if not fam.members:
             continue
@@ -169,7 +169,7 @@ def share_with_twins(families: Sequence[Family], db: Database,
                                member.task_name, fam.leader.task_name, err)
                 continue
             predicted.add(member.mod, trace, member.target, member.args_info)
-            shared += 1
+            shared.append(member)
     if shared:
-        logger.info("%d twin tasks got their leader's schedule", shared)
+        logger.info("%d twin tasks got their leader's schedule", len(shared))
     return shared
