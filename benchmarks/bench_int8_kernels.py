@@ -2,6 +2,7 @@
 ``mcpu`` (cross-compiled; it must run on this host):
 
     python -m benchmarks.bench_int8_kernels --mcpu znver3 --trials 16 --rounds 7
+    python -m benchmarks.bench_int8_kernels --mcpu emeraldrapids --trials 16 --rounds 7
 
 Workloads (``relax_tune.testing.int8_kernels``, weights bound: packed once, not timed):
 ``matmul`` u8 128x768 x s8 768x768 and ``conv2d`` u8 1x128x28x28 padded with its zero point
@@ -11,6 +12,8 @@ median over rounds, ratio to float32 as the median of per-round ratios):
 
 - ``instruction``: the default design space (``Int8DotProduct`` on the instruction
   ``int8_dot_intrinsic`` reads from the target's features);
+- ``no AMX``: on a target with AMX tiles, the default space without its AMX sketches
+  (``Int8DotProduct`` on the dot-product instruction only);
 - ``block rules``: the same int8 kernel and target, the space without ``Int8DotProduct``
   (the CPU space re-registered for this run only): what the kernel gets without the rule;
 - ``float32``: the same layer in float32 (zero-padded, ReLU), the default space.
@@ -36,20 +39,38 @@ SHAPES = {"matmul": {"rows": 128, "reduce": 768, "channels": 768},
 
 
 @contextlib.contextmanager
-def block_rules_only():
-    """The ``llvm`` design space without ``Int8DotProduct`` while the block is open."""
+def cpu_space_with(function_rules):
+    """The ``llvm`` design space with ``function_rules(params, target)`` as its whole-function
+    rules while the block is open."""
     from relax_tune.space.cpu import space as cpu
     from relax_tune.space.generator import SpaceGenerator, register_space
 
     def factory(target, params):
         return SpaceGenerator(target, cpu.cpu_rules(params), cpu.cpu_postprocs(params),
-                              params, [cpu.FusedAttention(params)])
+                              params, function_rules(params, target))
 
     register_space("llvm", factory)
     try:
         yield
     finally:
         register_space("llvm", cpu.cpu_space)
+
+
+def block_rules_only():
+    """The ``llvm`` design space without ``Int8DotProduct`` while the block is open."""
+    from relax_tune.space.cpu import space as cpu
+
+    return cpu_space_with(lambda params, target: [cpu.FusedAttention(params)])
+
+
+def without_amx():
+    """The ``llvm`` design space with ``Int8DotProduct`` on the dot-product instruction only
+    (no AMX sketches) while the block is open."""
+    from relax_tune.space.cpu import space as cpu
+    from relax_tune.space.cpu.int8_intrin import int8_dot_intrinsic
+
+    return cpu_space_with(lambda params, target: [
+        cpu.FusedAttention(params), cpu.Int8DotProduct(params, int8_dot_intrinsic(target))])
 
 
 def tuned_timer(mod: tvm.IRModule, target, trials: int):
@@ -77,8 +98,10 @@ def main() -> None:
     args = parser.parse_args()
     threads = ensure_tvm_threads()
     target = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu, "num-cores": threads})
+    from relax_tune.space.cpu.amx_intrin import has_amx
     from relax_tune.space.cpu.int8_intrin import int8_dot_intrinsic
-    print(f"target {target}, instruction {int8_dot_intrinsic(target)}, threads {threads}")
+    print(f"target {target}, instruction {int8_dot_intrinsic(target)}, AMX {has_amx(target)}, "
+          f"threads {threads}")
     for name in args.workload:
         shape = SHAPES[name]
         conv = name == "conv2d"
@@ -87,6 +110,9 @@ def main() -> None:
         fp32 = float_kernel(name, target, pad=conv, weights_bound=True, **shape)
         timers, walls = {}, {}
         timers["instruction"], walls["instruction"] = tuned_timer(int8, target, args.trials)
+        if has_amx(target):  # the default space has AMX sketches: the same without them
+            with without_amx():
+                timers["no AMX"], walls["no AMX"] = tuned_timer(int8, target, args.trials)
         with block_rules_only():
             timers["block rules"], walls["block rules"] = tuned_timer(int8, target,
                                                                       args.trials)

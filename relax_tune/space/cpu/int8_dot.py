@@ -36,6 +36,7 @@ from tvm.s_tir import Schedule
 from .. import analysis as A
 from ..params import TargetParams
 from ..rule import FunctionRule
+from .amx_tiles import AMX_DEPTH, AMX_LANES, amx_vector_choices, schedule_amx
 from .int8_intrin import DotInstruction, dot_instruction
 from .layout_rewrite import PREPROC_ANNOTATION
 
@@ -123,26 +124,38 @@ class Int8DotProduct(FunctionRule):
     name = "int8_dot_product"
 
     def __init__(self, params: TargetParams, intrinsic: str | None,
-                 max_register_rows: int = 8, max_register_vectors: int = 4) -> None:
+                 max_register_rows: int = 8, max_register_vectors: int = 4,
+                 amx: bool = False) -> None:
         self.params = params
         self.intrinsic = intrinsic
+        self.amx = amx
         self.instruction: DotInstruction | None = \
             dot_instruction(intrinsic) if intrinsic is not None else None
         self.max_register_rows = max_register_rows
         self.max_register_vectors = max_register_vectors
 
     def sketches(self, sch: Schedule) -> list[Schedule]:
-        """One sketch for an integer reduction the intrinsic tiles, ``[]`` otherwise."""
+        """For an integer reduction the instructions tile: one sketch on the dot-product
+        instruction, and with ``amx`` one on AMX tiles per number of accumulator tiles
+        (``amx_tiles.schedule_amx``); ``[]`` otherwise."""
+        out: list[Schedule] = []
         inst = self.instruction
-        if inst is None:
-            return []
-        shape = recognise(sch, inst.lanes, inst.depth)
-        if shape is None:
-            return []
+        shape = None if inst is None else recognise(sch, inst.lanes, inst.depth)
+        if shape is not None:
+            out += self._try(sch, lambda s: self._schedule(s, shape, inst))
+        amx_shape = recognise(sch, AMX_LANES, AMX_DEPTH) if self.amx else None
+        if amx_shape is not None:
+            for vectors in amx_vector_choices(sch, amx_shape):
+                out += self._try(sch, lambda s, v=vectors: schedule_amx(
+                    s, amx_shape, v, self._inline))
+        return out
+
+    @staticmethod
+    def _try(sch: Schedule, schedule) -> list[Schedule]:
         try:
             out = sch.copy()
-            self._schedule(out, shape, inst)
-        except Exception as err:  # a primitive refused: leave it to the block rules
+            schedule(out)
+        except Exception as err:  # a primitive refused: leave it to the other sketches
             logger.debug("int8 dot-product schedule failed: %s", err)
             return []
         return [out]

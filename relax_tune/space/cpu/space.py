@@ -14,6 +14,7 @@ from .operand_packing import PackOperands
 from ..postproc import RewriteReductionBlock
 from .attention import FusedAttention
 from .int8_dot import Int8DotProduct
+from .amx_intrin import has_amx
 from .int8_intrin import int8_dot_intrinsic
 from ..compute_location import RandomComputeLocation
 from .rfactor import AddRFactor
@@ -38,8 +39,10 @@ def cpu_function_rules(params: TargetParams,
                        target: tvm.target.Target | None = None) -> list[FunctionRule]:
     """Whole-function schedules tried before the block rules: the fused attention, and the
     int8 convolutions and matmuls on the target's dot-product instruction when it has one
-    (``int8_intrin.int8_dot_intrinsic``)."""
-    return [FusedAttention(params), Int8DotProduct(params, int8_dot_intrinsic(target))]
+    (``int8_intrin.int8_dot_intrinsic``), and on AMX tiles where it has them
+    (``amx_intrin.has_amx``)."""
+    return [FusedAttention(params), Int8DotProduct(params, int8_dot_intrinsic(target),
+                                                   amx=has_amx(target))]
 
 
 def cpu_postprocs(params: TargetParams) -> list[Postproc]:

@@ -1,0 +1,97 @@
+"""The AMX sketch of an integer convolution or matmul (``int8_dot.recognise``'s shape): the
+output in tiles of ``rows`` x ``16 * vectors`` int32, each computed by one
+``amx_intrin`` call per outer reduction step (a convolution's kernel position; a matmul
+has one), the whole contiguous reduction (channels, ``k``) inside the call.
+
+- ``rows``: the largest divisor of the spatial axis before the output channel (a matmul's
+  ``m``, a convolution's output width) up to 16, an AMX tile's most rows: 16 of 128
+  tokens, 14 of 56 or 28 pixels, 7 of 7;
+- ``vectors``: accumulator tiles side by side (1-3, one sketch each), sharing each loaded
+  slice of the input;
+- the tiles grouped in blocks of row tiles x channel tiles, one parallel job each, their
+  sizes sampled (``BLOCK``): what the search tunes;
+- the weight packed once (``PREPROC_ANNOTATION``) as ``[.., o/16, r/4, 16, 4]``: the
+  dot-product kernels' tile rows, with the other weight axes (kernel positions) first so
+  that a call's weight tiles are one region of it.
+
+The tile is accumulated in a tile-sized buffer and written back with the requantisation
+epilogue, the outer tiles in parallel, as in the ``vpdpbusd`` sketch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tvm.s_tir import Schedule
+
+from .. import analysis as A
+from .amx_intrin import MAX_VECTORS, amx_name, register
+from .layout_rewrite import PREPROC_ANNOTATION
+
+AMX_LANES = 16
+"""Output channels of one accumulator tile (64 bytes of int32)."""
+AMX_DEPTH = 64
+"""Reduction bytes of one tile row of ``A``."""
+MIN_ROWS = 4
+"""Fewer rows than this leave most of each ``tdpbusd`` idle: the shape is left to VNNI."""
+BLOCK = 8
+"""Most row tiles, and most channel tiles, a parallel job's block has (sampled)."""
+
+
+def _extent(sch: Schedule, shape, axis: int) -> int:
+    return int(A.node(sch, sch.get_sblock(shape.block)).iter_vars[axis].dom.extent)
+
+
+def tile_rows(extent: int) -> int:
+    """The largest divisor of ``extent`` up to 16."""
+    return max(d for d in range(1, min(extent, 16) + 1) if extent % d == 0)
+
+
+def amx_vector_choices(sch: Schedule, shape) -> list[int]:
+    """The numbers of accumulator tiles that divide the output channels' 16-blocks, or
+    ``[]`` when the rows would be too few for AMX."""
+    if tile_rows(_extent(sch, shape, shape.m)) < MIN_ROWS:
+        return []
+    blocks = _extent(sch, shape, shape.o) // AMX_LANES
+    return [v for v in range(1, MAX_VECTORS + 1) if blocks % v == 0]
+
+
+def schedule_amx(sch: Schedule, shape, vectors: int,
+                 inline: Callable[..., None]) -> None:
+    """Schedule ``sch`` (see the module docstring); ``inline`` is
+    ``Int8DotProduct._inline``."""
+    rows = tile_rows(_extent(sch, shape, shape.m))
+    steps = _extent(sch, shape, shape.r) // AMX_DEPTH
+    inline(sch, shape.block, sch.compute_inline)
+    main = sch.get_sblock(shape.block)
+    loops = A.loops_of(sch, main)
+    o0, o1 = sch.split(loops[shape.o], [None, AMX_LANES])
+    o0a, o0b = (o0, None) if vectors == 1 else sch.split(o0, [None, vectors])
+    r0, r1 = sch.split(loops[shape.r], [None, AMX_DEPTH * steps])
+    m0, m1 = sch.split(loops[shape.m], [None, rows])
+    # a block of row tiles x channel tiles per parallel job (sampled), tile by tile inside
+    m0a, m0b = sch.split(m0, sch.sample_perfect_tile(m0, n=2, max_innermost_factor=BLOCK))
+    oa, ob = sch.split(o0a, sch.sample_perfect_tile(o0a, n=2, max_innermost_factor=BLOCK))
+    outer = [loops[i] for i in shape.spatial if i not in (shape.m, shape.o)]
+    inner_reduce = [loops[i] for i in shape.reduce if i != shape.r]
+    sch.reorder(*outer, m0a, oa, m0b, ob, *inner_reduce, r0, m1,
+                *([] if o0b is None else [o0b]), o1, r1)
+    back = sch.cache_write(main, 0, "global")
+    sch.reverse_compute_at(back, ob, preserve_unit_loops=True)
+    sch.parallel(sch.fuse(*outer, m0a, oa))
+    nd, bo = len(shape.weight_dims), shape.weight_dims.index(shape.o)
+    br = shape.weight_dims.index(shape.r)
+
+    def packed(*d):
+        others = [d[i] for i in range(nd) if i not in (bo, br)]
+        return [*others, d[bo] // AMX_LANES, d[br] // 4, d[bo] % AMX_LANES, d[br] % 4]
+
+    packer = sch.cache_read(main, shape.weight_read, "global")
+    sch.transform_layout(main, ("read", shape.weight_read), packed)
+    sch.annotate(packer, PREPROC_ANNOTATION, True)
+    sch.decompose_reduction(main, (inner_reduce + [r0])[0])
+    name = amx_name(rows, vectors, steps)
+    register(name)
+    sch.tensorize(m1, name)
+    inline(sch, shape.block, sch.reverse_compute_inline, str(A.node(sch, back).name_hint))
+    sch.vectorize(A.loops_of(sch, back)[-1])

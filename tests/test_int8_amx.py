@@ -1,0 +1,124 @@
+"""Int8 kernels on Intel AMX tiles (issue 45): ``tdpbusd`` sketches offered where the target
+has ``amx-tile`` and ``amx-int8``, read from its features.
+
+The target is cross-compiled (``mcpu=sapphirerapids``) on any x86 host, so the assembly
+checks run everywhere; the kernels run where this host has AMX (and Linux grants the tile
+registers), where they must give the untuned function's integers, also in a process that
+never imported relax_tune nor asked for the tiles itself (the kernel asks).
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm
+
+import relax_tune as rt
+from relax_tune.space import generate_design_space, space_for_target, without_decisions
+from relax_tune.space.cpu.amx_intrin import MNEMONIC, has_amx, parse_name, tile_config
+from relax_tune.testing.int8_kernels import (integer_kernel, kernel_args, kernel_asm,
+                                             run_kernel)
+from relax_tune.utils import host_target, schedule_from_json, trace_to_json
+
+AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+SHAPES = {"matmul": {"rows": 32, "reduce": 128, "channels": 32},
+          "conv2d": {"reduce": 64, "channels": 32, "size": 10, "zero_point": 5}}
+"""Small layers the AMX sketch tiles: 16 of 32 rows, 10 of 10 output pixels (a 3x3
+convolution of a 10x10 input padded by 1)."""
+
+
+def _host_runs_amx() -> bool:
+    return has_amx(host_target()) and has_amx(AMX)
+
+
+def _amx_names(trace) -> list[str]:
+    return [str(inst.attrs[0]) for inst in trace.insts if inst.kind.name == "Tensorize"
+            and parse_name(str(inst.attrs[0])) is not None]
+
+
+def test_amx_is_read_from_target_features():
+    assert has_amx(AMX)
+    for mcpu in ("cascadelake", "znver4", "znver3", "alderlake"):  # VNNI / AVX2, no tiles
+        assert not has_amx(tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+    assert has_amx(tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512",
+                                      "mattr": ["+amx-tile", "+amx-int8"]}))
+    assert not has_amx(tvm.target.Target("cuda"))
+
+
+def test_tile_configuration_sets_rows_and_row_bytes():
+    raw = b"".join(w.to_bytes(8, "little") for w in tile_config(14))
+    assert raw[0] == 1  # palette 1
+    assert [int.from_bytes(raw[16 + 2 * t:18 + 2 * t], "little") for t in range(8)] == [64] * 8
+    assert list(raw[48:56]) == [14] * 5 + [16] * 3
+
+
+@pytest.mark.parametrize("kind", ["matmul", "conv2d"])
+def test_amx_sketches_use_tdpbusd_and_give_the_same_integers(kind):
+    mod = integer_kernel(kind, AMX, **SHAPES[kind])
+    sketches = generate_design_space(mod, AMX)
+    amx = [s for s in sketches if _amx_names(s)]
+    assert amx and len(amx) < len(sketches)  # beside the vpdpbusd sketch
+    rows = {parse_name(_amx_names(s)[0])[0] for s in amx}
+    assert rows == {16 if kind == "matmul" else 10}
+    space = space_for_target(AMX)
+    for sketch in amx:
+        candidate = space.replay(mod, without_decisions(sketch), seed=3)
+        assert candidate.error is None, candidate.error
+        asm = kernel_asm(candidate.sch.mod, AMX)
+        for instruction in (MNEMONIC, "ldtilecfg", "sttilecfg", "tileloadd", "tilestored"):
+            assert instruction in asm
+        replayed = schedule_from_json(mod, trace_to_json(candidate.sch.trace))
+        tvm.ir.assert_structural_equal(replayed.mod, candidate.sch.mod)
+        if _host_runs_amx():
+            np.testing.assert_array_equal(run_kernel(candidate.sch.mod, AMX),
+                                          run_kernel(mod, AMX))
+
+
+def test_layers_amx_does_not_tile_keep_the_other_sketches():
+    """Output rows that leave most of a tile idle (3 pixels) and reductions that are not
+    a multiple of 64 bytes get no AMX sketch."""
+    for mod in (integer_kernel("conv2d", AMX, reduce=64, channels=32, size=5),
+                integer_kernel("matmul", AMX, rows=32, reduce=96, channels=32)):
+        sketches = generate_design_space(mod, AMX)
+        assert sketches and not any(_amx_names(s) for s in sketches)
+
+
+@pytest.mark.skipif(not _host_runs_amx(), reason="this CPU has no AMX tiles Linux grants")
+def test_an_amx_kernel_asks_for_the_tiles_itself(tmp_path):
+    """A built AMX kernel runs in a fresh process that imports only TVM: Linux gives a
+    process the tile registers only when asked, and the kernel asks."""
+    mod = integer_kernel("matmul", AMX, **SHAPES["matmul"])
+    (sketch,) = [s for s in generate_design_space(mod, AMX) if _amx_names(s)][:1]
+    scheduled = space_for_target(AMX).replay(mod, without_decisions(sketch), seed=1).sch.mod
+    path = str(tmp_path / "amx.so")
+    tvm.compile(scheduled, target=AMX).export_library(path)
+    args = kernel_args(mod)
+    for i, arg in enumerate(args):
+        np.save(tmp_path / f"arg{i}.npy", arg.numpy())
+    script = (
+        "import sys, numpy as np, tvm\n"
+        "d = sys.argv[1]\n"
+        f"args = [tvm.runtime.tensor(np.load(f'{{d}}/arg{{i}}.npy')) for i in range({len(args)})]\n"
+        "tvm.runtime.load_module(d + '/amx.so')['main'](*args)\n"
+        "np.save(d + '/out.npy', args[-1].numpy())\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "relax_tune" not in done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), run_kernel(mod, AMX))
+
+
+@pytest.mark.skipif(not _host_runs_amx(), reason="this CPU has no AMX tiles Linux grants")
+def test_tuning_measures_amx_kernels(tmp_path):
+    """The tuner builds, times and checks AMX candidates in its workers, and the applied
+    best gives the untuned function's integers."""
+    host = host_target()
+    mod = integer_kernel("matmul", host, rows=64, reduce=256, channels=64)
+    db = rt.tune_tir(mod, host, work_dir=str(tmp_path), max_trials_global=8,
+                     num_trials_per_iter=8)
+    records = [r for r in db.get_all_tuning_records() if "relax_tune.amx_" in str(r.trace)]
+    assert records and all(r.run_secs[0] < 1 for r in records)
+    with host:
+        applied = rt.ApplyDatabase(work_dir=str(tmp_path))(mod)
+    np.testing.assert_array_equal(run_kernel(applied, host), run_kernel(mod, host))
