@@ -59,8 +59,10 @@ def test_amx_sketches_use_tdpbusd_and_give_the_same_integers(kind):
     sketches = generate_design_space(mod, AMX)
     amx = [s for s in sketches if _amx_names(s)]
     assert amx and len(amx) < len(sketches)  # beside the vpdpbusd sketch
-    rows = {parse_name(_amx_names(s)[0])[0] for s in amx}
-    assert rows == {16 if kind == "matmul" else 10}
+    tiles = [parse_name(_amx_names(s)[0]) for s in amx]
+    assert {t.rows for t in tiles} == {16 if kind == "matmul" else 10}
+    # a convolution's call covers its whole 3x3 window (its accumulators stay in the tiles)
+    assert {t.window for t in tiles} == {None if kind == "matmul" else (3, 3)}
     space = space_for_target(AMX)
     for sketch in amx:
         candidate = space.replay(mod, without_decisions(sketch), seed=3)

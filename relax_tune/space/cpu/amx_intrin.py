@@ -7,7 +7,10 @@ int32, ``B`` packed as the VNNI kernels pack it (``[.., o/16, r/4, 16, 4]``: a t
 ``B``). Tiles 0-2 hold up to three accumulators of ``rows`` x 16 int32, tile 4 a ``rows`` x
 64 byte slice of ``A``, tiles 5-7 the weight tiles; the accumulators are loaded from ``C``
 once, run over ``steps`` reductions of 64 bytes, and stored once. A ``tdpbusd`` does
-``rows`` x 16 x 64 multiply-adds, 16x what one 512-bit ``vpdpbusd`` does.
+``rows`` x 16 x 64 multiply-adds, 16x what one 512-bit ``vpdpbusd`` does. A convolution's
+intrinsic also runs over its kernel window (``AmxTile.window``): the input tile of a
+position is the same rows shifted by whole pixels and image rows, so the accumulators stay
+in the tiles for the whole window instead of a load and a store per position.
 
 Two things an AMX program needs besides the instructions, both done by the intrinsic
 itself so that a built kernel runs in any process (the tuner's workers, the user's
@@ -27,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import re
 import struct
+from dataclasses import dataclass
 
 import tvm
 from tvm.s_tir import TensorIntrin
@@ -41,22 +45,46 @@ MAX_VECTORS = 3
 """Accumulator tiles an intrinsic uses at most (3 + 1 for ``A`` + 3 for ``B`` of 8)."""
 
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
-_NAME = re.compile(r"^relax_tune\.amx_(\d+)x(\d+)x(\d+)_u8s8i32$")
+_NAME = re.compile(r"^relax_tune\.amx_(?:(\d+)x(\d+)s(\d+)_)?(\d+)x(\d+)x(\d+)_u8s8i32$")
 
 
-def amx_name(rows: int, vectors: int, steps: int) -> str:
-    """The registered name of the intrinsic over ``rows`` x ``16 * vectors`` outputs and
-    ``64 * steps`` reduction bytes."""
-    return f"relax_tune.amx_{rows}x{16 * vectors}x{64 * steps}_u8s8i32"
+@dataclass(frozen=True)
+class AmxTile:
+    """What one AMX intrinsic computes: ``rows`` x ``16 * vectors`` int32 outputs over
+    ``64 * steps`` contiguous reduction bytes, and with a ``window`` (a convolution's
+    kernel height and width, read at ``stride``) over every position of it: the input
+    slice of a position starts ``kh`` rows and ``kw`` pixels further, pixel ``i`` of the
+    tile is input pixel ``i * stride``."""
+
+    rows: int
+    vectors: int
+    steps: int
+    window: tuple[int, int] | None = None
+    stride: int = 1
+
+    @property
+    def name(self) -> str:
+        """The registered intrinsic's name."""
+        win = "" if self.window is None else \
+            f"{self.window[0]}x{self.window[1]}s{self.stride}_"
+        return f"relax_tune.amx_{win}{self.rows}x{16 * self.vectors}x{64 * self.steps}_u8s8i32"
 
 
-def parse_name(name: str) -> tuple[int, int, int] | None:
-    """``(rows, vectors, steps)`` of an ``amx_name``, None for another name."""
+def amx_name(rows: int, vectors: int, steps: int, window: tuple[int, int] | None = None,
+             stride: int = 1) -> str:
+    """The registered name of the ``AmxTile`` with these fields."""
+    return AmxTile(rows, vectors, steps, window, stride).name
+
+
+def parse_name(name: str) -> AmxTile | None:
+    """The ``AmxTile`` an ``amx_name`` names, None for another name."""
     match = _NAME.match(name)
     if match is None:
         return None
-    rows, cols, depth = (int(g) for g in match.groups())
-    return rows, cols // 16, depth // 64
+    kh, kw, stride, rows, cols, depth = match.groups()
+    window = None if kh is None else (int(kh), int(kw))
+    return AmxTile(int(rows), int(cols) // 16, int(depth) // 64, window,
+                   1 if stride is None else int(stride))
 
 
 def tile_config(rows: int) -> list[int]:
@@ -70,110 +98,112 @@ def tile_config(rows: int) -> list[int]:
     return list(struct.unpack("<8Q", bytes(raw)))
 
 
-def _description(rows: int, vectors: int, steps: int):
-    """``c[i, j] += int32(a[i, k]) * int32(b[j // 16, k // 4, j % 16, k % 4])`` with the
-    loops the sketch leaves: ``j`` split into its tiles and their 16 lanes (one loop when
-    there is one tile: the split by 1 is not made)."""
-    cols, depth = 16 * vectors, 64 * steps
-
-    @T.prim_func(s_tir=True)
-    def one(a: T.Buffer((rows, depth), "uint8", offset_factor=1),
-            b: T.Buffer((1, depth // 4, 16, 4), "int8", offset_factor=1),
-            c: T.Buffer((rows, 16), "int32", offset_factor=1)) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:rows, 0:16], a[0:rows, 0:depth], b[0:1, 0:depth // 4, 0:16, 0:4])
-            T.writes(c[0:rows, 0:16])
-            for i, j, k in T.grid(rows, 16, depth):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    c[vi, vj] = c[vi, vj] + T.cast(a[vi, vk], "int32") * T.cast(
-                        b[0, vk // 4, vj, vk % 4], "int32")
-
-    @T.prim_func(s_tir=True)
-    def several(a: T.Buffer((rows, depth), "uint8", offset_factor=1),
-                b: T.Buffer((vectors, depth // 4, 16, 4), "int8", offset_factor=1),
-                c: T.Buffer((rows, cols), "int32", offset_factor=1)) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:rows, 0:cols], a[0:rows, 0:depth],
-                    b[0:vectors, 0:depth // 4, 0:16, 0:4])
-            T.writes(c[0:rows, 0:cols])
-            for i, j0, j1, k in T.grid(rows, vectors, 16, depth):
-                with T.sblock("update"):
-                    vi = T.axis.spatial(rows, i)
-                    vj = T.axis.spatial(cols, j0 * 16 + j1)
-                    vk = T.axis.reduce(depth, k)
-                    c[vi, vj] = c[vi, vj] + T.cast(a[vi, vk], "int32") * T.cast(
-                        b[vj // 16, vk // 4, vj % 16, vk % 4], "int32")
-
-    return one if vectors == 1 else several
+def _slices(shape: tuple) -> str:
+    return ", ".join(f"0:{n}" for n in shape)
 
 
-def _implementation(rows: int, vectors: int, steps: int):
-    cols, depth = 16 * vectors, 64 * steps
+def _source(t: AmxTile) -> tuple[str, str]:
+    """TVMScript of the description and the implementation of ``t``. Written as text: the
+    loops and buffers differ in number between a matmul and a window, one tile and several
+    (the description's loops must be the sketch's, and a split by 1 is not made), and the
+    implementation unrolls tile numbers, which the instructions take as immediates."""
+    rows, vectors, cols, depth = t.rows, t.vectors, 16 * t.vectors, 64 * t.steps
+    kh, kw = t.window or (1, 1)
+    win = t.window is not None
+    a_shape = (kh, (rows - 1) * t.stride + kw, depth) if win else (rows, depth)
+    b_shape = ((kh, kw) if win else ()) + (vectors, depth // 4, 16, 4)
+    c_shape = (rows, cols)
+    several = vectors > 1
+    loops = (["kh", "kw"] if win else []) + ["i"] + (["j0", "j1"] if several else ["j"]) + ["k"]
+    extents = ([kh, kw] if win else []) + [rows] + ([vectors, 16] if several else [16]) + [depth]
+    axes = [f"vi = T.axis.spatial({rows}, i)",
+            f"vj = T.axis.spatial({cols}, {'j0 * 16 + j1' if several else 'j'})"]
+    axes += [f"vkh = T.axis.reduce({kh}, kh)", f"vkw = T.axis.reduce({kw}, kw)"] if win else []
+    axes += [f"vk = T.axis.reduce({depth}, k)"]
+    a_index = f"vkh, vi * {t.stride} + vkw, vk" if win else "vi, vk"
+    b_index = ("vkh, vkw, " if win else "") + \
+        ("vj // 16, vk // 4, vj % 16, vk % 4" if several else "0, vk // 4, vj, vk % 4")
+    regions = f"c[{_slices(c_shape)}], a[{_slices(a_shape)}], b[{_slices(b_shape)}]"
+    body = "\n".join(" " * 16 + line for line in axes)
+    a_strides = "[sa0, sa1, 1]" if win else "[sa1, 1]"
+    b_strides = ("[sb0, sb1, " if win else "[") + "sb2, 64, 4, 1]"
     w = tile_config(rows)
-
-    @T.prim_func(s_tir=True)
-    def impl(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
-        sa = T.int32()
-        sb = T.int32()
-        sc = T.int32()
-        a = T.match_buffer(a_handle, (rows, depth), "uint8", strides=[sa, 1],
-                           offset_factor=1)
-        b = T.match_buffer(b_handle, (vectors, depth // 4, 16, 4), "int8",
-                           strides=[sb, 64, 4, 1], offset_factor=1)
-        c = T.match_buffer(c_handle, (rows, cols), "int32", strides=[sc, 1],
-                           offset_factor=1)
-        with T.sblock("root"):
-            T.reads(c[0:rows, 0:cols], a[0:rows, 0:depth],
-                    b[0:vectors, 0:depth // 4, 0:16, 0:4])
-            T.writes(c[0:rows, 0:cols])
-            cfg = T.alloc_buffer((8,), "uint64", scope="local")
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.sttilecfg", T.address_of(cfg[0])))
-            if cfg[0] != T.uint64(w[0]) or cfg[2] != T.uint64(w[2]) \
-                    or cfg[3] != T.uint64(w[3]) or cfg[6] != T.uint64(w[6]):
-                T.evaluate(T.call_extern("int64", "syscall", T.int64(_SYS_ARCH_PRCTL),
-                                         T.int64(_ARCH_REQ_XCOMP_PERM),
-                                         T.int64(_XFEATURE_XTILEDATA)))
-                for word in T.unroll(8):
-                    cfg[word] = T.uint64(0)
-                cfg[0] = T.uint64(w[0])
-                cfg[2] = T.uint64(w[2])
-                cfg[3] = T.uint64(w[3])
-                cfg[6] = T.uint64(w[6])
-                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg",
-                                              T.address_of(cfg[0])))
-            for v in T.unroll(vectors):
-                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.uint8(v),
-                                              c.access_ptr("r", offset=16 * v),
-                                              T.int64(sc * 4)))
-            for s in range(steps):
-                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.uint8(4),
-                                              a.access_ptr("r", offset=64 * s),
-                                              T.int64(sa)))
-                for v in T.unroll(vectors):
-                    T.evaluate(T.call_llvm_intrin(
-                        "void", "llvm.x86.tileloadd64", T.uint8(5 + v),
-                        b.access_ptr("r", offset=v * sb + 1024 * s), T.int64(64)))
-                for v in T.unroll(vectors):
-                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbusd", T.uint8(v),
-                                                  T.uint8(4), T.uint8(5 + v)))
-            for v in T.unroll(vectors):
-                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.uint8(v),
-                                              c.access_ptr("w", offset=16 * v),
-                                              T.int64(sc * 4)))
-
-    return impl
+    check = " or ".join(f"cfg[{i}] != T.uint64({w[i]})" for i in (0, 2, 3, 6))
+    fill = "\n".join(" " * 12 + f"cfg[{i}] = T.uint64({w[i]})" for i in range(8))
+    # the reduction loops of a call: each window position, then 64-byte steps
+    positions = [("kh", kh), ("kw", kw)] if win else []
+    a_off = "kh * sa0 + kw * sa1 + 64 * s" if win else "64 * s"
+    b_off = ("kh * sb0 + kw * sb1 + " if win else "") + "v * sb2 + 1024 * s"
+    inner = [f"for s in range({t.steps}):",
+             f"    T.evaluate(T.call_llvm_intrin(\"void\", \"llvm.x86.tileloadd64\", "
+             f"T.uint8(4), a.access_ptr(\"r\", offset={a_off}), T.int64(sa1 * {t.stride})))",
+             f"    for v in T.unroll({vectors}):",
+             f"        T.evaluate(T.call_llvm_intrin(\"void\", \"llvm.x86.tileloadd64\", "
+             f"T.uint8(5 + v), b.access_ptr(\"r\", offset={b_off}), T.int64(64)))",
+             f"    for v in T.unroll({vectors}):",
+             "        T.evaluate(T.call_llvm_intrin(\"void\", \"llvm.x86.tdpbusd\", T.uint8(v), "
+             "T.uint8(4), T.uint8(5 + v)))"]
+    for var, extent in reversed(positions):
+        inner = [f"for {var} in range({extent}):"] + ["    " + line for line in inner]
+    inner_text = "\n".join(" " * 8 + line for line in inner)
+    desc = f"""
+@T.prim_func(s_tir=True)
+def desc(a: T.Buffer({a_shape}, "uint8", offset_factor=1),
+         b: T.Buffer({b_shape}, "int8", offset_factor=1),
+         c: T.Buffer({c_shape}, "int32", offset_factor=1)) -> None:
+    with T.sblock("root"):
+        T.reads({regions})
+        T.writes(c[{_slices(c_shape)}])
+        for {", ".join(loops)} in T.grid({", ".join(map(str, extents))}):
+            with T.sblock("update"):
+{body}
+                c[vi, vj] = c[vi, vj] + T.cast(a[{a_index}], "int32") * T.cast(b[{b_index}], "int32")
+"""
+    impl = f"""
+@T.prim_func(s_tir=True)
+def impl(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
+    sa0 = T.int32()
+    sa1 = T.int32()
+    sb0 = T.int32()
+    sb1 = T.int32()
+    sb2 = T.int32()
+    sc = T.int32()
+    a = T.match_buffer(a_handle, {a_shape}, "uint8", strides={a_strides}, offset_factor=1)
+    b = T.match_buffer(b_handle, {b_shape}, "int8", strides={b_strides}, offset_factor=1)
+    c = T.match_buffer(c_handle, {c_shape}, "int32", strides=[sc, 1], offset_factor=1)
+    with T.sblock("root"):
+        T.reads({regions})
+        T.writes(c[{_slices(c_shape)}])
+        cfg = T.alloc_buffer((8,), "uint64", scope="local")
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.sttilecfg", T.address_of(cfg[0])))
+        if {check}:
+            T.evaluate(T.call_extern("int64", "syscall", T.int64({_SYS_ARCH_PRCTL}),
+                                     T.int64({_ARCH_REQ_XCOMP_PERM}),
+                                     T.int64({_XFEATURE_XTILEDATA})))
+{fill}
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
+        for v in T.unroll({vectors}):
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.uint8(v),
+                                          c.access_ptr("r", offset=16 * v), T.int64(sc * 4)))
+{inner_text}
+        for v in T.unroll({vectors}):
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.uint8(v),
+                                          c.access_ptr("w", offset=16 * v), T.int64(sc * 4)))
+"""
+    return desc, impl
 
 
 def register(name: str) -> None:
     """Register the AMX intrinsic ``name`` (an ``amx_name``) with TVM, once."""
-    shape = parse_name(name)
-    if shape is None:
+    tile = parse_name(name)
+    if tile is None:
         raise KeyError(f"no AMX intrinsic named {name!r}")
     try:
         TensorIntrin.get(name, allow_missing=False)
     except Exception:  # noqa: BLE001 - not registered yet
-        TensorIntrin.register(name, _description(*shape), _implementation(*shape))
+        desc, impl = (tvm.script.from_source(text, extra_vars={"T": T})
+                      for text in _source(tile))
+        TensorIntrin.register(name, desc, impl)
 
 
 def register_named(names: list[str]) -> None:

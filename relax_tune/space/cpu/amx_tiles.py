@@ -1,7 +1,8 @@
 """The AMX sketch of an integer convolution or matmul (``int8_dot.recognise``'s shape): the
-output in tiles of ``rows`` x ``16 * vectors`` int32, each computed by one
-``amx_intrin`` call per outer reduction step (a convolution's kernel position; a matmul
-has one), the whole contiguous reduction (channels, ``k``) inside the call.
+output in tiles of ``rows`` x ``16 * vectors`` int32, each computed by one ``amx_intrin``
+call over the whole contiguous reduction (channels, ``k``) and, for a convolution whose
+input pixels are read at a constant stride, its whole kernel window (otherwise one call
+per kernel position).
 
 - ``rows``: the largest divisor of the spatial axis before the output channel (a matmul's
   ``m``, a convolution's output width) up to 16, an AMX tile's most rows: 16 of 128
@@ -56,26 +57,34 @@ def amx_vector_choices(sch: Schedule, shape) -> list[int]:
     return [v for v in range(1, MAX_VECTORS + 1) if blocks % v == 0]
 
 
-def schedule_amx(sch: Schedule, shape, vectors: int,
-                 inline: Callable[..., None]) -> None:
+def schedule_amx(sch: Schedule, shape, vectors: int, inline: Callable[..., None],
+                 window: bool = False) -> None:
     """Schedule ``sch`` (see the module docstring); ``inline`` is
-    ``Int8DotProduct._inline``."""
+    ``Int8DotProduct._inline``. With ``window``, a convolution's kernel positions run
+    inside the call (its accumulators stay in the tiles over the whole window); raises
+    when the function has no window of two positions or the input's pixel stride is
+    not a constant."""
     rows = tile_rows(_extent(sch, shape, shape.m))
     steps = _extent(sch, shape, shape.r) // AMX_DEPTH
     inline(sch, shape.block, sch.compute_inline)
     main = sch.get_sblock(shape.block)
     loops = A.loops_of(sch, main)
+    inner_reduce = [loops[i] for i in shape.reduce if i != shape.r]
+    if window and (len(inner_reduce) != 2 or shape.m_stride is None):
+        raise ValueError("not a convolution window AMX tiles read")
     o0, o1 = sch.split(loops[shape.o], [None, AMX_LANES])
     o0a, o0b = (o0, None) if vectors == 1 else sch.split(o0, [None, vectors])
-    r0, r1 = sch.split(loops[shape.r], [None, AMX_DEPTH * steps])
+    # without a window the whole reduction is one call's; the window's call is the loop
+    # nest from its first position down, with no split loop in between
+    reduce = [loops[shape.r]] if window else sch.split(loops[shape.r],
+                                                       [None, AMX_DEPTH * steps])
     m0, m1 = sch.split(loops[shape.m], [None, rows])
     # a block of row tiles x channel tiles per parallel job (sampled), tile by tile inside
     m0a, m0b = sch.split(m0, sch.sample_perfect_tile(m0, n=2, max_innermost_factor=BLOCK))
     oa, ob = sch.split(o0a, sch.sample_perfect_tile(o0a, n=2, max_innermost_factor=BLOCK))
     outer = [loops[i] for i in shape.spatial if i not in (shape.m, shape.o)]
-    inner_reduce = [loops[i] for i in shape.reduce if i != shape.r]
-    sch.reorder(*outer, m0a, oa, m0b, ob, *inner_reduce, r0, m1,
-                *([] if o0b is None else [o0b]), o1, r1)
+    sch.reorder(*outer, m0a, oa, m0b, ob, *inner_reduce, *reduce[:-1], m1,
+                *([] if o0b is None else [o0b]), o1, reduce[-1])
     back = sch.cache_write(main, 0, "global")
     sch.reverse_compute_at(back, ob, preserve_unit_loops=True)
     sch.parallel(sch.fuse(*outer, m0a, oa))
@@ -89,9 +98,15 @@ def schedule_amx(sch: Schedule, shape, vectors: int,
     packer = sch.cache_read(main, shape.weight_read, "global")
     sch.transform_layout(main, ("read", shape.weight_read), packed)
     sch.annotate(packer, PREPROC_ANNOTATION, True)
-    sch.decompose_reduction(main, (inner_reduce + [r0])[0])
-    name = amx_name(rows, vectors, steps)
-    register(name)
-    sch.tensorize(m1, name)
+    sch.decompose_reduction(main, (inner_reduce + reduce)[0])
+    if window:
+        positions = tuple(int(A.node(sch, loop).extent) for loop in inner_reduce)
+        name = amx_name(rows, vectors, steps, positions, shape.m_stride)
+        register(name)
+        sch.tensorize(inner_reduce[0], name)
+    else:
+        name = amx_name(rows, vectors, steps)
+        register(name)
+        sch.tensorize(m1, name)
     inline(sch, shape.block, sch.reverse_compute_inline, str(A.node(sch, back).name_hint))
     sch.vectorize(A.loops_of(sch, back)[-1])

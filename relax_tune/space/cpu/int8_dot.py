@@ -29,6 +29,7 @@ import logging
 from dataclasses import dataclass
 
 import tvm
+from tvm.sym import detect_linear_equation
 import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import Schedule
@@ -54,6 +55,7 @@ class _Shape:
     m: int               # the spatial axis before o: the register tile's rows
     weight_read: int     # the index of the weight in the block's reads
     weight_dims: list[int]  # the iter var position each weight dimension is indexed by
+    m_stride: int | None = None  # m's coefficient in the input's index (a stride), if one
 
 
 def _loads(stmt, buffer) -> list:
@@ -105,7 +107,18 @@ def recognise(sch: Schedule, lanes: int, depth: int) -> _Shape | None:
     if not before or any(e is None for e in extents):
         return None
     return _Shape(str(block.name_hint), spatial, [i for i in range(len(kinds)) if
-                                                  i not in spatial], o, r, before[-1], 1, dims)
+                                                  i not in spatial], o, r, before[-1], 1, dims,
+                  _coefficient(a_loads[0].indices, ivs[before[-1]]))
+
+
+def _coefficient(indices, var) -> int | None:
+    """The constant factor of ``var`` in the one index of ``indices`` that uses it."""
+    found = []
+    for index in indices:
+        linear = detect_linear_equation(index, [var])
+        if len(linear) == 2 and isinstance(linear[0], tirx.IntImm) and linear[0].value:
+            found.append(int(linear[0].value))
+    return found[0] if len(found) == 1 else None
 
 
 class Int8DotProduct(FunctionRule):
@@ -146,8 +159,10 @@ class Int8DotProduct(FunctionRule):
         amx_shape = recognise(sch, AMX_LANES, AMX_DEPTH) if self.amx else None
         if amx_shape is not None:
             for vectors in amx_vector_choices(sch, amx_shape):
+                # a convolution's whole window in one call where its input allows
                 out += self._try(sch, lambda s, v=vectors: schedule_amx(
-                    s, amx_shape, v, self._inline))
+                    s, amx_shape, v, self._inline, window=True)) or self._try(
+                    sch, lambda s, v=vectors: schedule_amx(s, amx_shape, v, self._inline))
         return out
 
     @staticmethod
