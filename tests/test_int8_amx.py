@@ -16,7 +16,8 @@ import tvm
 
 import relax_tune as rt
 from relax_tune.space import generate_design_space, space_for_target, without_decisions
-from relax_tune.space.cpu.amx_intrin import MNEMONIC, has_amx, parse_name, tile_config
+from relax_tune.space.cpu.amx_intrin import (MNEMONIC, AmxTile, has_amx, parse_name,
+                                              tile_config)
 from relax_tune.testing.int8_kernels import (integer_kernel, kernel_args, kernel_asm,
                                              run_kernel)
 from relax_tune.utils import host_target, schedule_from_json, trace_to_json
@@ -47,10 +48,20 @@ def test_amx_is_read_from_target_features():
 
 
 def test_tile_configuration_sets_rows_and_row_bytes():
-    raw = b"".join(w.to_bytes(8, "little") for w in tile_config(14))
-    assert raw[0] == 1  # palette 1
-    assert [int.from_bytes(raw[16 + 2 * t:18 + 2 * t], "little") for t in range(8)] == [64] * 8
-    assert list(raw[48:56]) == [14] * 5 + [16] * 3
+    for row_tiles in (1, 2):
+        raw = b"".join(w.to_bytes(8, "little") for w in tile_config(14, row_tiles))
+        assert raw[0] == 1  # palette 1
+        assert [int.from_bytes(raw[16 + 2 * t:18 + 2 * t], "little")
+                for t in range(8)] == [64] * 8
+        # accumulators and input tiles 14 rows, weight tiles 16
+        assert list(raw[48:56]) == [14] * (4 + row_tiles) + [16] * (4 - row_tiles)
+
+
+def test_intrinsic_names_round_trip():
+    for tile in (AmxTile(16, 2, 4), AmxTile(14, 1, 2, (3, 3)), AmxTile(7, 2, 8, (3, 3), 2),
+                 AmxTile(14, 2, 1, None, 2, 2)):
+        assert parse_name(tile.name) == tile
+    assert parse_name("relax_tune.dot_16x4_u8s8i32_vnni") is None
 
 
 @pytest.mark.parametrize("kind", ["matmul", "conv2d"])
@@ -63,6 +74,8 @@ def test_amx_sketches_use_tdpbusd_and_give_the_same_integers(kind):
     assert {t.rows for t in tiles} == {16 if kind == "matmul" else 10}
     # a convolution's call covers its whole 3x3 window (its accumulators stay in the tiles)
     assert {t.window for t in tiles} == {None if kind == "matmul" else (3, 3)}
+    # two row tiles a call where the rows hold two (32 of the matmul, not 10 pixels)
+    assert {t.row_tiles for t in tiles} == ({1, 2} if kind == "matmul" else {1})
     space = space_for_target(AMX)
     for sketch in amx:
         candidate = space.replay(mod, without_decisions(sketch), seed=3)

@@ -41,60 +41,66 @@ FEATURES = ("amx-tile", "amx-int8")
 """The LLVM target features an AMX int8 kernel needs."""
 MNEMONIC = "tdpbusd"
 """The instruction in the built library's assembly."""
-MAX_VECTORS = 3
-"""Accumulator tiles an intrinsic uses at most (3 + 1 for ``A`` + 3 for ``B`` of 8)."""
+MAX_TILES = 4
+"""Accumulator tiles an intrinsic uses at most: with one ``A`` tile a row tile and one
+``B`` tile a channel tile, ``row_tiles * vectors <= 4`` and ``row_tiles + vectors <= 4``
+(8 tiles: 1 x 3 or 2 x 2)."""
 
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
-_NAME = re.compile(r"^relax_tune\.amx_(?:(\d+)x(\d+)s(\d+)_)?(\d+)x(\d+)x(\d+)_u8s8i32$")
+_NAME = re.compile(r"^relax_tune\.amx(?:_w(\d+)x(\d+))?(?:_s(\d+))?(?:_t(\d+))?"
+                   r"_(\d+)x(\d+)x(\d+)_u8s8i32$")
 
 
 @dataclass(frozen=True)
 class AmxTile:
-    """What one AMX intrinsic computes: ``rows`` x ``16 * vectors`` int32 outputs over
-    ``64 * steps`` contiguous reduction bytes, and with a ``window`` (a convolution's
-    kernel height and width, read at ``stride``) over every position of it: the input
-    slice of a position starts ``kh`` rows and ``kw`` pixels further, pixel ``i`` of the
-    tile is input pixel ``i * stride``."""
+    """What one AMX intrinsic computes: ``row_tiles * rows`` x ``16 * vectors`` int32
+    outputs over ``64 * steps`` contiguous reduction bytes, output row ``i`` reading input
+    row ``i * stride``; with a ``window`` (a convolution's kernel height and width) over
+    every position of it, the input slice of a position starting ``kh`` image rows and
+    ``kw`` pixels further."""
 
     rows: int
     vectors: int
     steps: int
     window: tuple[int, int] | None = None
     stride: int = 1
+    row_tiles: int = 1
 
     @property
     def name(self) -> str:
         """The registered intrinsic's name."""
-        win = "" if self.window is None else \
-            f"{self.window[0]}x{self.window[1]}s{self.stride}_"
-        return f"relax_tune.amx_{win}{self.rows}x{16 * self.vectors}x{64 * self.steps}_u8s8i32"
+        win = "" if self.window is None else f"_w{self.window[0]}x{self.window[1]}"
+        stride = "" if self.stride == 1 else f"_s{self.stride}"
+        tiles = "" if self.row_tiles == 1 else f"_t{self.row_tiles}"
+        return (f"relax_tune.amx{win}{stride}{tiles}_{self.rows}x{16 * self.vectors}x"
+                f"{64 * self.steps}_u8s8i32")
 
 
-def amx_name(rows: int, vectors: int, steps: int, window: tuple[int, int] | None = None,
-             stride: int = 1) -> str:
-    """The registered name of the ``AmxTile`` with these fields."""
-    return AmxTile(rows, vectors, steps, window, stride).name
+def fits(row_tiles: int, vectors: int) -> bool:
+    """Whether ``row_tiles`` x ``vectors`` accumulators and their operands fit 8 tiles."""
+    return row_tiles * vectors <= MAX_TILES and row_tiles + vectors <= MAX_TILES
 
 
 def parse_name(name: str) -> AmxTile | None:
-    """The ``AmxTile`` an ``amx_name`` names, None for another name."""
+    """The ``AmxTile`` an ``AmxTile.name`` names, None for another name."""
     match = _NAME.match(name)
     if match is None:
         return None
-    kh, kw, stride, rows, cols, depth = match.groups()
-    window = None if kh is None else (int(kh), int(kw))
-    return AmxTile(int(rows), int(cols) // 16, int(depth) // 64, window,
-                   1 if stride is None else int(stride))
+    kh, kw, stride, tiles, rows, cols, depth = match.groups()
+    return AmxTile(int(rows), int(cols) // 16, int(depth) // 64,
+                   None if kh is None else (int(kh), int(kw)),
+                   1 if stride is None else int(stride), 1 if tiles is None else int(tiles))
 
 
-def tile_config(rows: int) -> list[int]:
+def tile_config(rows: int, row_tiles: int = 1) -> list[int]:
     """The 64-byte tile configuration as 8 little-endian words: palette 1, every tile 64
-    bytes a row, tiles 0-4 (accumulators, ``A``) ``rows`` rows, tiles 5-7 (``B``) 16."""
+    bytes a row; the accumulators (tiles 0-3) and the ``A`` tiles (``4 .. 3 + row_tiles``)
+    ``rows`` rows, the ``B`` tiles (the rest) 16."""
     raw = bytearray(64)
     raw[0] = 1
     for tile in range(8):
         raw[16 + 2 * tile] = 64
-        raw[48 + tile] = rows if tile <= 4 else 16
+        raw[48 + tile] = rows if tile < 4 + row_tiles else 16
     return list(struct.unpack("<8Q", bytes(raw)))
 
 
@@ -109,43 +115,50 @@ def _source(t: AmxTile) -> tuple[str, str]:
     implementation unrolls tile numbers, which the instructions take as immediates."""
     rows, vectors, cols, depth = t.rows, t.vectors, 16 * t.vectors, 64 * t.steps
     kh, kw = t.window or (1, 1)
-    win = t.window is not None
-    a_shape = (kh, (rows - 1) * t.stride + kw, depth) if win else (rows, depth)
+    win, tiles, stride = t.window is not None, t.row_tiles, t.stride
+    span = (tiles * rows - 1) * stride + (kw if win else 1)
+    a_shape = (kh, span, depth) if win else (span, depth)
     b_shape = ((kh, kw) if win else ()) + (vectors, depth // 4, 16, 4)
-    c_shape = (rows, cols)
+    c_shape = (tiles * rows, cols)
     several = vectors > 1
-    loops = (["kh", "kw"] if win else []) + ["i"] + (["j0", "j1"] if several else ["j"]) + ["k"]
-    extents = ([kh, kw] if win else []) + [rows] + ([vectors, 16] if several else [16]) + [depth]
-    axes = [f"vi = T.axis.spatial({rows}, i)",
+    loops = (["kh", "kw"] if win else []) + (["mt"] if tiles > 1 else []) + ["i"] + \
+        (["j0", "j1"] if several else ["j"]) + ["k"]
+    extents = ([kh, kw] if win else []) + ([tiles] if tiles > 1 else []) + [rows] + \
+        ([vectors, 16] if several else [16]) + [depth]
+    axes = [f"vi = T.axis.spatial({tiles * rows}, {f'mt * {rows} + i' if tiles > 1 else 'i'})",
             f"vj = T.axis.spatial({cols}, {'j0 * 16 + j1' if several else 'j'})"]
     axes += [f"vkh = T.axis.reduce({kh}, kh)", f"vkw = T.axis.reduce({kw}, kw)"] if win else []
     axes += [f"vk = T.axis.reduce({depth}, k)"]
-    a_index = f"vkh, vi * {t.stride} + vkw, vk" if win else "vi, vk"
+    row = f"vi * {stride}" if stride != 1 else "vi"
+    a_index = f"vkh, {row} + vkw, vk" if win else f"{row}, vk"
     b_index = ("vkh, vkw, " if win else "") + \
         ("vj // 16, vk // 4, vj % 16, vk % 4" if several else "0, vk // 4, vj, vk % 4")
     regions = f"c[{_slices(c_shape)}], a[{_slices(a_shape)}], b[{_slices(b_shape)}]"
     body = "\n".join(" " * 16 + line for line in axes)
     a_strides = "[sa0, sa1, 1]" if win else "[sa1, 1]"
     b_strides = ("[sb0, sb1, " if win else "[") + "sb2, 64, 4, 1]"
-    w = tile_config(rows)
+    w = tile_config(rows, tiles)
     check = " or ".join(f"cfg[{i}] != T.uint64({w[i]})" for i in (0, 2, 3, 6))
     fill = "\n".join(" " * 12 + f"cfg[{i}] = T.uint64({w[i]})" for i in range(8))
-    # the reduction loops of a call: each window position, then 64-byte steps
-    positions = [("kh", kh), ("kw", kw)] if win else []
-    a_off = "kh * sa0 + kw * sa1 + 64 * s" if win else "64 * s"
+    # tiles: accumulators 0 .. tiles * vectors - 1, A 4 .. 3 + tiles, B 4 + tiles ..
+    position = "kh * sa0 + kw * sa1 + " if win else ""
+    a_off = f"{position}r * {rows * stride} * sa1 + 64 * s"
     b_off = ("kh * sb0 + kw * sb1 + " if win else "") + "v * sb2 + 1024 * s"
     inner = [f"for s in range({t.steps}):",
-             f"    T.evaluate(T.call_llvm_intrin(\"void\", \"llvm.x86.tileloadd64\", "
-             f"T.uint8(4), a.access_ptr(\"r\", offset={a_off}), T.int64(sa1 * {t.stride})))",
+             f"    for r in T.unroll({tiles}):",
+             f"        T.evaluate(T.call_llvm_intrin(\"void\", \"llvm.x86.tileloadd64\", "
+             f"T.uint8(4 + r), a.access_ptr(\"r\", offset={a_off}), T.int64(sa1 * {stride})))",
              f"    for v in T.unroll({vectors}):",
              f"        T.evaluate(T.call_llvm_intrin(\"void\", \"llvm.x86.tileloadd64\", "
-             f"T.uint8(5 + v), b.access_ptr(\"r\", offset={b_off}), T.int64(64)))",
-             f"    for v in T.unroll({vectors}):",
-             "        T.evaluate(T.call_llvm_intrin(\"void\", \"llvm.x86.tdpbusd\", T.uint8(v), "
-             "T.uint8(4), T.uint8(5 + v)))"]
-    for var, extent in reversed(positions):
+             f"T.uint8({4 + tiles} + v), b.access_ptr(\"r\", offset={b_off}), T.int64(64)))",
+             f"    for r in T.unroll({tiles}):",
+             f"        for v in T.unroll({vectors}):",
+             f"            T.evaluate(T.call_llvm_intrin(\"void\", \"llvm.x86.tdpbusd\", "
+             f"T.uint8(r * {vectors} + v), T.uint8(4 + r), T.uint8({4 + tiles} + v)))"]
+    for var, extent in reversed([("kh", kh), ("kw", kw)] if win else []):
         inner = [f"for {var} in range({extent}):"] + ["    " + line for line in inner]
     inner_text = "\n".join(" " * 8 + line for line in inner)
+    c_off = f"r * {rows} * sc + 16 * v"
     desc = f"""
 @T.prim_func(s_tir=True)
 def desc(a: T.Buffer({a_shape}, "uint8", offset_factor=1),
@@ -182,19 +195,23 @@ def impl(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
                                      T.int64({_XFEATURE_XTILEDATA})))
 {fill}
             T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
-        for v in T.unroll({vectors}):
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.uint8(v),
-                                          c.access_ptr("r", offset=16 * v), T.int64(sc * 4)))
+        for r in T.unroll({tiles}):
+            for v in T.unroll({vectors}):
+                T.evaluate(T.call_llvm_intrin(
+                    "void", "llvm.x86.tileloadd64", T.uint8(r * {vectors} + v),
+                    c.access_ptr("r", offset={c_off}), T.int64(sc * 4)))
 {inner_text}
-        for v in T.unroll({vectors}):
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.uint8(v),
-                                          c.access_ptr("w", offset=16 * v), T.int64(sc * 4)))
+        for r in T.unroll({tiles}):
+            for v in T.unroll({vectors}):
+                T.evaluate(T.call_llvm_intrin(
+                    "void", "llvm.x86.tilestored64", T.uint8(r * {vectors} + v),
+                    c.access_ptr("w", offset={c_off}), T.int64(sc * 4)))
 """
     return desc, impl
 
 
 def register(name: str) -> None:
-    """Register the AMX intrinsic ``name`` (an ``amx_name``) with TVM, once."""
+    """Register the AMX intrinsic ``name`` (an ``AmxTile.name``) with TVM, once."""
     tile = parse_name(name)
     if tile is None:
         raise KeyError(f"no AMX intrinsic named {name!r}")

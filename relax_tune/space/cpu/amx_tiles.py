@@ -7,8 +7,9 @@ per kernel position).
 - ``rows``: the largest divisor of the spatial axis before the output channel (a matmul's
   ``m``, a convolution's output width) up to 16, an AMX tile's most rows: 16 of 128
   tokens, 14 of 56 or 28 pixels, 7 of 7;
-- ``vectors``: accumulator tiles side by side (1-3, one sketch each), sharing each loaded
-  slice of the input;
+- ``row_tiles`` x ``vectors`` accumulator tiles a call (1 x 1-3 or 2 x 1-2, one sketch
+  each): each loaded slice of the input serves ``vectors`` tiles, each weight tile
+  ``row_tiles``;
 - the tiles grouped in blocks of row tiles x channel tiles, one parallel job each, their
   sizes sampled (``BLOCK``): what the search tunes;
 - the weight packed once (``PREPROC_ANNOTATION``) as ``[.., o/16, r/4, 16, 4]``: the
@@ -26,7 +27,7 @@ from typing import Callable
 from tvm.s_tir import Schedule
 
 from .. import analysis as A
-from .amx_intrin import MAX_VECTORS, amx_name, register
+from .amx_intrin import AmxTile, fits, register
 from .layout_rewrite import PREPROC_ANNOTATION
 
 AMX_LANES = 16
@@ -48,42 +49,56 @@ def tile_rows(extent: int) -> int:
     return max(d for d in range(1, min(extent, 16) + 1) if extent % d == 0)
 
 
-def amx_vector_choices(sch: Schedule, shape) -> list[int]:
-    """The numbers of accumulator tiles that divide the output channels' 16-blocks, or
-    ``[]`` when the rows would be too few for AMX."""
-    if tile_rows(_extent(sch, shape, shape.m)) < MIN_ROWS:
+def amx_choices(sch: Schedule, shape) -> list[tuple[int, int]]:
+    """The ``(row_tiles, vectors)`` an AMX sketch may take for ``shape``: accumulators
+    that fit the tiles (``amx_intrin.fits``), ``vectors`` dividing the output channels'
+    16-blocks, ``row_tiles`` the rows' tiles; ``[]`` when the rows would be too few for
+    AMX."""
+    extent = _extent(sch, shape, shape.m)
+    rows = tile_rows(extent)
+    if rows < MIN_ROWS:
         return []
     blocks = _extent(sch, shape, shape.o) // AMX_LANES
-    return [v for v in range(1, MAX_VECTORS + 1) if blocks % v == 0]
+    return [(t, v) for t in (1, 2) for v in (1, 2, 3)
+            if fits(t, v) and blocks % v == 0 and extent % (t * rows) == 0]
 
 
-def schedule_amx(sch: Schedule, shape, vectors: int, inline: Callable[..., None],
-                 window: bool = False) -> None:
-    """Schedule ``sch`` (see the module docstring); ``inline`` is
-    ``Int8DotProduct._inline``. With ``window``, a convolution's kernel positions run
-    inside the call (its accumulators stay in the tiles over the whole window); raises
-    when the function has no window of two positions or the input's pixel stride is
-    not a constant."""
+def schedule_amx(sch: Schedule, shape, row_tiles: int, vectors: int,
+                 inline: Callable[..., None], window: bool = False) -> None:
+    """Schedule ``sch`` (see the module docstring) with ``row_tiles`` x ``vectors``
+    accumulator tiles a call; ``inline`` is ``Int8DotProduct._inline``. With ``window``, a
+    convolution's kernel positions run inside the call (its accumulators stay in the tiles
+    over the whole window); raises when the function has no window of two positions beyond
+    one, or the input's pixel stride is not a constant."""
     rows = tile_rows(_extent(sch, shape, shape.m))
     steps = _extent(sch, shape, shape.r) // AMX_DEPTH
+    stride = shape.m_stride
+    if stride is None:
+        raise ValueError("the input's rows are not read at a constant stride")
     inline(sch, shape.block, sch.compute_inline)
     main = sch.get_sblock(shape.block)
     loops = A.loops_of(sch, main)
     inner_reduce = [loops[i] for i in shape.reduce if i != shape.r]
-    if window and (len(inner_reduce) != 2 or shape.m_stride is None):
-        raise ValueError("not a convolution window AMX tiles read")
+    positions = tuple(_extent(sch, shape, i) for i in shape.reduce if i != shape.r)
+    if window and (len(positions) != 2 or positions == (1, 1)):
+        raise ValueError("not a convolution window")
     o0, o1 = sch.split(loops[shape.o], [None, AMX_LANES])
     o0a, o0b = (o0, None) if vectors == 1 else sch.split(o0, [None, vectors])
     # without a window the whole reduction is one call's; the window's call is the loop
     # nest from its first position down, with no split loop in between
     reduce = [loops[shape.r]] if window else sch.split(loops[shape.r],
                                                        [None, AMX_DEPTH * steps])
-    m0, m1 = sch.split(loops[shape.m], [None, rows])
+    if row_tiles == 1:
+        m0, m1 = sch.split(loops[shape.m], [None, rows])
+        mt = []
+    else:
+        m0, mt_loop, m1 = sch.split(loops[shape.m], [None, row_tiles, rows])
+        mt = [mt_loop]
     # a block of row tiles x channel tiles per parallel job (sampled), tile by tile inside
     m0a, m0b = sch.split(m0, sch.sample_perfect_tile(m0, n=2, max_innermost_factor=BLOCK))
     oa, ob = sch.split(o0a, sch.sample_perfect_tile(o0a, n=2, max_innermost_factor=BLOCK))
     outer = [loops[i] for i in shape.spatial if i not in (shape.m, shape.o)]
-    sch.reorder(*outer, m0a, oa, m0b, ob, *inner_reduce, *reduce[:-1], m1,
+    sch.reorder(*outer, m0a, oa, m0b, ob, *inner_reduce, *reduce[:-1], *mt, m1,
                 *([] if o0b is None else [o0b]), o1, reduce[-1])
     back = sch.cache_write(main, 0, "global")
     sch.reverse_compute_at(back, ob, preserve_unit_loops=True)
@@ -99,14 +114,8 @@ def schedule_amx(sch: Schedule, shape, vectors: int, inline: Callable[..., None]
     sch.transform_layout(main, ("read", shape.weight_read), packed)
     sch.annotate(packer, PREPROC_ANNOTATION, True)
     sch.decompose_reduction(main, (inner_reduce + reduce)[0])
-    if window:
-        positions = tuple(int(A.node(sch, loop).extent) for loop in inner_reduce)
-        name = amx_name(rows, vectors, steps, positions, shape.m_stride)
-        register(name)
-        sch.tensorize(inner_reduce[0], name)
-    else:
-        name = amx_name(rows, vectors, steps)
-        register(name)
-        sch.tensorize(m1, name)
+    tile = AmxTile(rows, vectors, steps, positions if window else None, stride, row_tiles)
+    register(tile.name)
+    sch.tensorize(inner_reduce[0] if window else (mt + [m1])[0], tile.name)
     inline(sch, shape.block, sch.reverse_compute_inline, str(A.node(sch, back).name_hint))
     sch.vectorize(A.loops_of(sch, back)[-1])

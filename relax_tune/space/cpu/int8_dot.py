@@ -37,7 +37,7 @@ from tvm.s_tir import Schedule
 from .. import analysis as A
 from ..params import TargetParams
 from ..rule import FunctionRule
-from .amx_tiles import AMX_DEPTH, AMX_LANES, amx_vector_choices, schedule_amx
+from .amx_tiles import AMX_DEPTH, AMX_LANES, amx_choices, schedule_amx
 from .int8_intrin import DotInstruction, dot_instruction
 from .layout_rewrite import PREPROC_ANNOTATION
 
@@ -149,8 +149,8 @@ class Int8DotProduct(FunctionRule):
 
     def sketches(self, sch: Schedule) -> list[Schedule]:
         """For an integer reduction the instructions tile: one sketch on the dot-product
-        instruction, and with ``amx`` one on AMX tiles per number of accumulator tiles
-        (``amx_tiles.schedule_amx``); ``[]`` otherwise."""
+        instruction, and with ``amx`` one on AMX tiles per arrangement of accumulator
+        tiles (``amx_tiles.schedule_amx``); ``[]`` otherwise."""
         out: list[Schedule] = []
         inst = self.instruction
         shape = None if inst is None else recognise(sch, inst.lanes, inst.depth)
@@ -158,11 +158,12 @@ class Int8DotProduct(FunctionRule):
             out += self._try(sch, lambda s: self._schedule(s, shape, inst))
         amx_shape = recognise(sch, AMX_LANES, AMX_DEPTH) if self.amx else None
         if amx_shape is not None:
-            for vectors in amx_vector_choices(sch, amx_shape):
+            for tiles, vectors in amx_choices(sch, amx_shape):
                 # a convolution's whole window in one call where its input allows
-                out += self._try(sch, lambda s, v=vectors: schedule_amx(
-                    s, amx_shape, v, self._inline, window=True)) or self._try(
-                    sch, lambda s, v=vectors: schedule_amx(s, amx_shape, v, self._inline))
+                out += self._try(sch, lambda s, t=tiles, v=vectors: schedule_amx(
+                    s, amx_shape, t, v, self._inline, window=True)) or self._try(
+                    sch, lambda s, t=tiles, v=vectors: schedule_amx(
+                        s, amx_shape, t, v, self._inline))
         return out
 
     @staticmethod
