@@ -7,6 +7,7 @@ registers), where they must give the untuned function's integers, also in a proc
 never imported relax_tune nor asked for the tiles itself (the kernel asks).
 """
 
+import os
 import subprocess
 import sys
 
@@ -137,3 +138,46 @@ def test_tuning_measures_amx_kernels(tmp_path):
     with host:
         applied = rt.ApplyDatabase(work_dir=str(tmp_path))(mod)
     np.testing.assert_array_equal(run_kernel(applied, host), run_kernel(mod, host))
+
+
+@pytest.mark.skipif(not _host_runs_amx(), reason="this CPU has no AMX tiles Linux grants")
+def test_an_amx_kernel_gives_back_another_librarys_tile_configuration(tmp_path):
+    """ONNX Runtime's int8 kernels (MLAS) load their tile configuration once a thread and
+    keep using it: an AMX kernel of ours run between two of its calls on the same thread
+    must leave that configuration loaded (before the fix the second call died of an
+    illegal instruction). Run in a fresh process, so such a death fails this test alone."""
+    pytest.importorskip("onnxruntime")
+    from relax_tune.testing.quantized import block_model, save_quantized
+
+    model = block_model()
+    _, qdq_path = save_quantized(model, str(tmp_path), "block")
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    np.save(tmp_path / "x.npy", np.random.default_rng(7).standard_normal(shape)
+            .astype(np.float32))
+    # 14-row tiles: a configuration MLAS's kernels cannot run with (16-row ones they can)
+    mod = integer_kernel("matmul", AMX, rows=28, reduce=128, channels=32)
+    (sketch,) = [s for s in generate_design_space(mod, AMX) if _amx_names(s)][:1]
+    assert parse_name(_amx_names(sketch)[0]).rows == 14
+    scheduled = space_for_target(AMX).replay(mod, without_decisions(sketch), seed=1).sch.mod
+    tvm.compile(scheduled, target=AMX).export_library(str(tmp_path / "amx.so"))
+    args = kernel_args(mod)
+    for i, arg in enumerate(args):
+        np.save(tmp_path / f"arg{i}.npy", arg.numpy())
+    script = (
+        "import sys, numpy as np, tvm, onnxruntime as ort\n"
+        "d, qdq = sys.argv[1], sys.argv[2]\n"
+        "so = ort.SessionOptions(); so.intra_op_num_threads = 1\n"
+        "s = ort.InferenceSession(qdq, so, providers=['CPUExecutionProvider'])\n"
+        "feed = {s.get_inputs()[0].name: np.load(d + '/x.npy')}\n"
+        "ref = s.run(None, feed)[0]\n"
+        f"args = [tvm.runtime.tensor(np.load(f'{{d}}/arg{{i}}.npy')) for i in range({len(args)})]\n"
+        "kernel = tvm.runtime.load_module(d + '/amx.so')['main']\n"
+        "for _ in range(3):\n"
+        "    kernel(*args)\n"
+        "    assert np.array_equal(s.run(None, feed)[0], ref)\n"
+        "np.save(d + '/out.npy', args[-1].numpy())\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path), qdq_path],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TVM_NUM_THREADS": "1"})
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), run_kernel(mod, AMX))

@@ -20,6 +20,12 @@ program without relax_tune imported):
   and costs about 140 ns to load (measured on the Xeon this was written on; a 16 x 16 x 64
   step is 16 cycles), so each call reads the thread's configuration (``sttilecfg``, about
   60 ns) and loads its own only when it differs;
+- another library in the process (ONNX Runtime's MLAS does) may keep its own
+  configuration loaded on a thread and not load it again, so a call that found another
+  configuration live (palette not 0) loads it back when it is done; it then pays the
+  check, two loads and the store again each call (a process whose only AMX code is ours
+  keeps its configuration loaded). Without that, ONNX Runtime's next int8 kernel on that
+  thread died of an illegal instruction;
 - Linux hands out the tile registers only to processes that ask
   (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``): asked, through libc's
   ``syscall``, before that first load (asking again is harmless).
@@ -139,7 +145,7 @@ def _source(t: AmxTile) -> tuple[str, str]:
     b_strides = ("[sb0, sb1, " if win else "[") + "sb2, 64, 4, 1]"
     w = tile_config(rows, tiles)
     check = " or ".join(f"cfg[{i}] != T.uint64({w[i]})" for i in (0, 2, 3, 6))
-    fill = "\n".join(" " * 12 + f"cfg[{i}] = T.uint64({w[i]})" for i in range(8))
+    fill = "\n".join(" " * 12 + f"mine[{i}] = T.uint64({w[i]})" for i in range(8))
     # tiles: accumulators 0 .. tiles * vectors - 1, A 4 .. 3 + tiles, B 4 + tiles ..
     position = "kh * sa0 + kw * sa1 + " if win else ""
     a_off = f"{position}r * {rows * stride} * sa1 + 64 * s"
@@ -188,13 +194,14 @@ def impl(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
         T.reads({regions})
         T.writes(c[{_slices(c_shape)}])
         cfg = T.alloc_buffer((8,), "uint64", scope="local")
+        mine = T.alloc_buffer((8,), "uint64", scope="local")
         T.evaluate(T.call_llvm_intrin("void", "llvm.x86.sttilecfg", T.address_of(cfg[0])))
         if {check}:
             T.evaluate(T.call_extern("int64", "syscall", T.int64({_SYS_ARCH_PRCTL}),
                                      T.int64({_ARCH_REQ_XCOMP_PERM}),
                                      T.int64({_XFEATURE_XTILEDATA})))
 {fill}
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(mine[0])))
         for r in T.unroll({tiles}):
             for v in T.unroll({vectors}):
                 T.evaluate(T.call_llvm_intrin(
@@ -206,6 +213,8 @@ def impl(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
                 T.evaluate(T.call_llvm_intrin(
                     "void", "llvm.x86.tilestored64", T.uint8(r * {vectors} + v),
                     c.access_ptr("w", offset={c_off}), T.int64(sc * 4)))
+        if cfg[0] % T.uint64(256) != T.uint64(0) and ({check}):
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
 """
     return desc, impl
 
