@@ -14,16 +14,23 @@ import sys
 import numpy as np
 import pytest
 import tvm
+from tvm.script import tirx as T
 
 import relax_tune as rt
 from relax_tune.space import generate_design_space, space_for_target, without_decisions
-from relax_tune.space.cpu.amx_intrin import (MNEMONIC, AmxTile, has_amx, parse_name,
+from relax_tune.space.cpu.amx_intrin import (MNEMONIC, AmxTile, fits, has_amx, parse_name,
                                               tile_config)
 from relax_tune.testing.int8_kernels import (integer_kernel, kernel_args, kernel_asm,
                                              run_kernel)
 from relax_tune.utils import host_target, schedule_from_json, trace_to_json
 
 AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+@T.prim_func(s_tir=True)
+def _RELEASE():
+    """What a library that releases the tiles when done leaves: their initial state."""
+    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
+
+
 SHAPES = {"matmul": {"rows": 32, "reduce": 128, "channels": 32},
           "conv2d": {"reduce": 64, "channels": 32, "size": 10, "zero_point": 5}}
 """Small layers the AMX sketch tiles: 16 of 32 rows, 10 of 10 output pixels (a 3x3
@@ -49,13 +56,17 @@ def test_amx_is_read_from_target_features():
 
 
 def test_tile_configuration_sets_rows_and_row_bytes():
-    for row_tiles in (1, 2):
-        raw = b"".join(w.to_bytes(8, "little") for w in tile_config(14, row_tiles))
-        assert raw[0] == 1  # palette 1
-        assert [int.from_bytes(raw[16 + 2 * t:18 + 2 * t], "little")
-                for t in range(8)] == [64] * 8
-        # accumulators and input tiles 14 rows, weight tiles 16
-        assert list(raw[48:56]) == [14] * (4 + row_tiles) + [16] * (4 - row_tiles)
+    def fields(words):
+        raw = b"".join(w.to_bytes(8, "little") for w in words)
+        return raw[0], [int.from_bytes(raw[16 + 2 * t:18 + 2 * t], "little")
+                        for t in range(8)], list(raw[48:56])
+
+    # 1 x 3: accumulators 0-2, A 4, B 5-7 (64-byte rows; A and C 14 rows, B 16); tile 3
+    # unused: 1 row of 4 bytes, so the configuration is never taken for a 16 x 64 one
+    assert fields(tile_config(14, 1, 3)) == (1, [64, 64, 64, 4, 64, 64, 64, 64],
+                                             [14, 14, 14, 1, 14, 16, 16, 16])
+    assert fields(tile_config(16, 2, 2)) == (1, [64] * 8, [16] * 8)  # all 8 in use
+    assert fits(2, 2, 16) and not fits(2, 2, 14) and fits(1, 3, 14) and not fits(2, 3, 16)
 
 
 def test_intrinsic_names_round_trip():
@@ -142,9 +153,11 @@ def test_tuning_measures_amx_kernels(tmp_path):
 
 @pytest.mark.skipif(not _host_runs_amx(), reason="this CPU has no AMX tiles Linux grants")
 def test_an_amx_kernel_gives_back_another_librarys_tile_configuration(tmp_path):
-    """ONNX Runtime's int8 kernels (MLAS) load their tile configuration once a thread and
-    keep using it: an AMX kernel of ours run between two of its calls on the same thread
-    must leave that configuration loaded (before the fix the second call died of an
+    """ONNX Runtime's int8 kernels (MLAS) keep their tile configuration loaded on a thread
+    and reload it only when the thread's differs in both rows and row bytes: an AMX kernel
+    of ours run between two of its calls on the same thread must give its configuration
+    back, and when the tiles were released in between (OpenVINO's kernels release them)
+    ours must not pass for theirs (before the fixes ONNX Runtime's next call died of an
     illegal instruction). Run in a fresh process, so such a death fails this test alone."""
     pytest.importorskip("onnxruntime")
     from relax_tune.testing.quantized import block_model, save_quantized
@@ -172,10 +185,16 @@ def test_an_amx_kernel_gives_back_another_librarys_tile_configuration(tmp_path):
         "ref = s.run(None, feed)[0]\n"
         f"args = [tvm.runtime.tensor(np.load(f'{{d}}/arg{{i}}.npy')) for i in range({len(args)})]\n"
         "kernel = tvm.runtime.load_module(d + '/amx.so')['main']\n"
+        "release = tvm.runtime.load_module(d + '/release.so')['main']\n"
         "for _ in range(3):\n"
         "    kernel(*args)\n"
         "    assert np.array_equal(s.run(None, feed)[0], ref)\n"
+        "    release()\n"  # the tiles left in their initial state, then ours again
+        "    kernel(*args)\n"
+        "    assert np.array_equal(s.run(None, feed)[0], ref)\n"
         "np.save(d + '/out.npy', args[-1].numpy())\n")
+    release = tvm.compile(_RELEASE, target=AMX)
+    release.export_library(str(tmp_path / "release.so"))
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path), qdq_path],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TVM_NUM_THREADS": "1"})

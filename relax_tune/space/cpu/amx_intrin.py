@@ -20,12 +20,14 @@ program without relax_tune imported):
   and costs about 140 ns to load (measured on the Xeon this was written on; a 16 x 16 x 64
   step is 16 cycles), so each call reads the thread's configuration (``sttilecfg``, about
   60 ns) and loads its own only when it differs;
-- another library in the process (ONNX Runtime's MLAS does) may keep its own
-  configuration loaded on a thread and not load it again, so a call that found another
-  configuration live (palette not 0) loads it back when it is done; it then pays the
-  check, two loads and the store again each call (a process whose only AMX code is ours
-  keeps its configuration loaded). Without that, ONNX Runtime's next int8 kernel on that
-  thread died of an illegal instruction;
+- another library in the process may keep its own configuration loaded on a thread and
+  not load it again (ONNX Runtime's MLAS reloads only when the thread's configuration
+  differs from its own in both rows and row bytes), so a call that found another
+  configuration live (palette not 0) loads it back when done (it then pays the check, two
+  loads and the store each call; a process whose only AMX code is ours keeps its
+  configuration loaded), and a configuration of ours never passes for a 16 x 64 one
+  (``tile_config``). Without either, ONNX Runtime's next int8 kernel on that thread died
+  of an illegal instruction;
 - Linux hands out the tile registers only to processes that ask
   (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``): asked, through libc's
   ``syscall``, before that first load (asking again is harmless).
@@ -48,9 +50,8 @@ FEATURES = ("amx-tile", "amx-int8")
 MNEMONIC = "tdpbusd"
 """The instruction in the built library's assembly."""
 MAX_TILES = 4
-"""Accumulator tiles an intrinsic uses at most: with one ``A`` tile a row tile and one
-``B`` tile a channel tile, ``row_tiles * vectors <= 4`` and ``row_tiles + vectors <= 4``
-(8 tiles: 1 x 3 or 2 x 2)."""
+"""Accumulator tiles an intrinsic uses at most (tiles 0-3), with one ``A`` tile a row tile
+and one ``B`` tile a channel tile after them (``fits``)."""
 
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 _NAME = re.compile(r"^relax_tune\.amx(?:_w(\d+)x(\d+))?(?:_s(\d+))?(?:_t(\d+))?"
@@ -82,9 +83,12 @@ class AmxTile:
                 f"{64 * self.steps}_u8s8i32")
 
 
-def fits(row_tiles: int, vectors: int) -> bool:
-    """Whether ``row_tiles`` x ``vectors`` accumulators and their operands fit 8 tiles."""
-    return row_tiles * vectors <= MAX_TILES and row_tiles + vectors <= MAX_TILES
+def fits(row_tiles: int, vectors: int, rows: int) -> bool:
+    """Whether ``row_tiles`` x ``vectors`` accumulators and their operands fit 8 tiles:
+    all 8 only with 16 rows (see ``tile_config`` for why a shorter tile leaves one
+    unused)."""
+    used = row_tiles * vectors + row_tiles + vectors
+    return row_tiles * vectors <= MAX_TILES and used <= (8 if rows == 16 else 7)
 
 
 def parse_name(name: str) -> AmxTile | None:
@@ -98,15 +102,24 @@ def parse_name(name: str) -> AmxTile | None:
                    1 if stride is None else int(stride), 1 if tiles is None else int(tiles))
 
 
-def tile_config(rows: int, row_tiles: int = 1) -> list[int]:
-    """The 64-byte tile configuration as 8 little-endian words: palette 1, every tile 64
-    bytes a row; the accumulators (tiles 0-3) and the ``A`` tiles (``4 .. 3 + row_tiles``)
-    ``rows`` rows, the ``B`` tiles (the rest) 16."""
+def tile_config(rows: int, row_tiles: int = 1, vectors: int = 1) -> list[int]:
+    """The 64-byte tile configuration as 8 little-endian words: palette 1; the accumulators
+    (tiles ``0 .. row_tiles * vectors - 1``) and the ``A`` tiles (``4 .. 3 + row_tiles``)
+    ``rows`` rows of 64 bytes, the ``B`` tiles (``4 + row_tiles ..``) 16 rows of 64 bytes;
+    a tile the call does not use 1 row of 4 bytes.
+
+    The unused tiles' odd shape is for libraries that keep their own configuration loaded
+    on a thread and reload it only when both the rows and the row bytes of the thread's
+    current one differ from theirs (ONNX Runtime's MLAS and ggml test
+    ``colsb differ && rows differ``): a configuration of ours with shorter tiles but every
+    tile 64 bytes wide would pass for theirs, and their next instruction would fault.
+    With 16-row tiles and all 8 in use ours equals theirs (16 x 64 everywhere)."""
+    used = set(range(row_tiles * vectors)) | set(range(4, 4 + row_tiles + vectors))
     raw = bytearray(64)
     raw[0] = 1
     for tile in range(8):
-        raw[16 + 2 * tile] = 64
-        raw[48 + tile] = rows if tile < 4 + row_tiles else 16
+        raw[16 + 2 * tile] = 64 if tile in used else 4
+        raw[48 + tile] = (rows if tile < 4 + row_tiles else 16) if tile in used else 1
     return list(struct.unpack("<8Q", bytes(raw)))
 
 
@@ -143,7 +156,7 @@ def _source(t: AmxTile) -> tuple[str, str]:
     body = "\n".join(" " * 16 + line for line in axes)
     a_strides = "[sa0, sa1, 1]" if win else "[sa1, 1]"
     b_strides = ("[sb0, sb1, " if win else "[") + "sb2, 64, 4, 1]"
-    w = tile_config(rows, tiles)
+    w = tile_config(rows, tiles, vectors)
     check = " or ".join(f"cfg[{i}] != T.uint64({w[i]})" for i in (0, 2, 3, 6))
     fill = "\n".join(" " * 12 + f"mine[{i}] = T.uint64({w[i]})" for i in range(8))
     # tiles: accumulators 0 .. tiles * vectors - 1, A 4 .. 3 + tiles, B 4 + tiles ..

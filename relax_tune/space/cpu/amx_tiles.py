@@ -60,7 +60,7 @@ def amx_choices(sch: Schedule, shape) -> list[tuple[int, int]]:
         return []
     blocks = _extent(sch, shape, shape.o) // AMX_LANES
     return [(t, v) for t in (1, 2) for v in (1, 2, 3)
-            if fits(t, v) and blocks % v == 0 and extent % (t * rows) == 0]
+            if fits(t, v, rows) and blocks % v == 0 and extent % (t * rows) == 0]
 
 
 def schedule_amx(sch: Schedule, shape, row_tiles: int, vectors: int,
