@@ -46,6 +46,18 @@ def _amx_names(trace) -> list[str]:
             and parse_name(str(inst.attrs[0])) is not None]
 
 
+def _export_amx_kernel(mod: tvm.IRModule, folder) -> int:
+    """``mod`` on its first AMX sketch, built to ``folder/amx.so``, its ``kernel_args``
+    saved as ``folder/arg<i>.npy``: how many."""
+    (sketch,) = [s for s in generate_design_space(mod, AMX) if _amx_names(s)][:1]
+    scheduled = space_for_target(AMX).replay(mod, without_decisions(sketch), seed=1).sch.mod
+    tvm.compile(scheduled, target=AMX).export_library(str(folder / "amx.so"))
+    args = kernel_args(mod)
+    for i, arg in enumerate(args):
+        np.save(folder / f"arg{i}.npy", arg.numpy())
+    return len(args)
+
+
 def test_amx_is_read_from_target_features():
     assert has_amx(AMX)
     for mcpu in ("cascadelake", "znver4", "znver3", "alderlake"):  # VNNI / AVX2, no tiles
@@ -116,17 +128,11 @@ def test_an_amx_kernel_asks_for_the_tiles_itself(tmp_path):
     """A built AMX kernel runs in a fresh process that imports only TVM: Linux gives a
     process the tile registers only when asked, and the kernel asks."""
     mod = integer_kernel("matmul", AMX, **SHAPES["matmul"])
-    (sketch,) = [s for s in generate_design_space(mod, AMX) if _amx_names(s)][:1]
-    scheduled = space_for_target(AMX).replay(mod, without_decisions(sketch), seed=1).sch.mod
-    path = str(tmp_path / "amx.so")
-    tvm.compile(scheduled, target=AMX).export_library(path)
-    args = kernel_args(mod)
-    for i, arg in enumerate(args):
-        np.save(tmp_path / f"arg{i}.npy", arg.numpy())
+    count = _export_amx_kernel(mod, tmp_path)
     script = (
         "import sys, numpy as np, tvm\n"
         "d = sys.argv[1]\n"
-        f"args = [tvm.runtime.tensor(np.load(f'{{d}}/arg{{i}}.npy')) for i in range({len(args)})]\n"
+        f"args = [tvm.runtime.tensor(np.load(f'{{d}}/arg{{i}}.npy')) for i in range({count})]\n"
         "tvm.runtime.load_module(d + '/amx.so')['main'](*args)\n"
         "np.save(d + '/out.npy', args[-1].numpy())\n")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
@@ -169,13 +175,9 @@ def test_an_amx_kernel_gives_back_another_librarys_tile_configuration(tmp_path):
             .astype(np.float32))
     # 14-row tiles: a configuration MLAS's kernels cannot run with (16-row ones they can)
     mod = integer_kernel("matmul", AMX, rows=28, reduce=128, channels=32)
-    (sketch,) = [s for s in generate_design_space(mod, AMX) if _amx_names(s)][:1]
-    assert parse_name(_amx_names(sketch)[0]).rows == 14
-    scheduled = space_for_target(AMX).replay(mod, without_decisions(sketch), seed=1).sch.mod
-    tvm.compile(scheduled, target=AMX).export_library(str(tmp_path / "amx.so"))
-    args = kernel_args(mod)
-    for i, arg in enumerate(args):
-        np.save(tmp_path / f"arg{i}.npy", arg.numpy())
+    assert {parse_name(_amx_names(s)[0]).rows for s in generate_design_space(mod, AMX)
+            if _amx_names(s)} == {14}
+    count = _export_amx_kernel(mod, tmp_path)
     script = (
         "import sys, numpy as np, tvm, onnxruntime as ort\n"
         "d, qdq = sys.argv[1], sys.argv[2]\n"
@@ -183,7 +185,7 @@ def test_an_amx_kernel_gives_back_another_librarys_tile_configuration(tmp_path):
         "s = ort.InferenceSession(qdq, so, providers=['CPUExecutionProvider'])\n"
         "feed = {s.get_inputs()[0].name: np.load(d + '/x.npy')}\n"
         "ref = s.run(None, feed)[0]\n"
-        f"args = [tvm.runtime.tensor(np.load(f'{{d}}/arg{{i}}.npy')) for i in range({len(args)})]\n"
+        f"args = [tvm.runtime.tensor(np.load(f'{{d}}/arg{{i}}.npy')) for i in range({count})]\n"
         "kernel = tvm.runtime.load_module(d + '/amx.so')['main']\n"
         "release = tvm.runtime.load_module(d + '/release.so')['main']\n"
         "for _ in range(3):\n"
@@ -200,3 +202,22 @@ def test_an_amx_kernel_gives_back_another_librarys_tile_configuration(tmp_path):
                           env={**os.environ, "TVM_NUM_THREADS": "1"})
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), run_kernel(mod, AMX))
+
+
+def test_the_first_batch_leads_with_one_candidate_of_each_tensorizing_sketch():
+    """The cost model cannot rank the VNNI and AMX sketches against each other before it has
+    seen them timed: each one's best-ranked candidate leads the first batch."""
+    from collections import namedtuple
+
+    from relax_tune.search.sketch_leads import tensorized_leads
+
+    sketches = generate_design_space(integer_kernel("matmul", AMX, **SHAPES["matmul"]), AMX)
+    tensorizing = [i for i, s in enumerate(sketches) if any(
+        inst.kind.name == "Tensorize" for inst in s.insts)]
+    assert len(tensorizing) >= 3  # vpdpbusd and AMX ones
+    entry = namedtuple("Entry", "sketch rank")
+    ranked = [entry(tensorizing[0], r) for r in range(5)] + \
+        [entry(i, 10 + i) for i in reversed(tensorizing)]
+    leads = tensorized_leads(ranked, sketches)
+    assert [e.sketch for e in leads] == [tensorizing[0], *reversed(tensorizing[1:])]
+    assert leads[0].rank == 0  # each sketch's best-ranked one

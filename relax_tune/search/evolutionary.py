@@ -8,10 +8,8 @@ Each ``next_candidates`` call:
    mutates them (``mutators``) and replays the mutants (postprocessing and checks included;
    invalid ones are dropped), adding the new ones to the pool;
 3. returns ``n`` candidates: the best-predicted pool entries, except an ``epsilon`` share
-   drawn at random from the pool (exploration while the model is still wrong). In the
-   first batch the best-predicted candidate of each sketch that tensorizes comes first:
-   the model sees a tensor instruction as an opaque call, so it cannot rank those
-   sketches against each other unmeasured.
+   drawn at random from the pool (exploration while the model is still wrong); the first
+   batch starts with one of each sketch that tensorizes (``sketch_leads``).
 
 Steps 1 and 2 end early after ``max_fail_streak`` invalid or duplicate samples (mutants) in
 a row: the space of an elementwise function holds a few programs.
@@ -75,6 +73,7 @@ from .base import Candidate, SearchContext, SearchStrategy
 from .mutators import Mutator, default_mutators
 from .pool_clock import MAX_CHUNK, MIN_TIMED_POOL, PoolClock
 from .replayer import Job, Outcome, Replayer, decisions_of, with_decisions
+from .sketch_leads import tensorized_leads
 
 logger = logging.getLogger("relax_tune.search")
 
@@ -547,9 +546,8 @@ class EvolutionarySearch(SearchStrategy):
             taken = {e.cand.key for e in first}
             ranked = first + [e for e in ranked if e.cand.key not in taken]
         if not self._given:  # the first batch: one of each tensorizing sketch leads
-            first = self._tensorized_leads(ranked)[:n]
-            taken = {e.cand.key for e in first}
-            ranked = first + [e for e in ranked if e.cand.key not in taken]
+            first = tensorized_leads(ranked, self.replayer.sketches)[:n]
+            ranked = first + [e for e in ranked if all(e is not f for f in first)]
         n_random = min(len(ranked), int(math.floor(epsilon * n + self.rng.random())))
         n_best = min(len(ranked), n - n_random)
         chosen = ranked[:n_best]
@@ -558,18 +556,6 @@ class EvolutionarySearch(SearchStrategy):
             picks = self.rng.choice(len(rest), size=min(n_random, len(rest)), replace=False)
             chosen += [rest[int(i)] for i in picks]
         return [e.cand for e in chosen]
-
-    def _tensorized_leads(self, ranked: list[_Entry]) -> list[_Entry]:
-        """The best-ranked entry of each sketch that tensorizes (an int8 kernel on VNNI, on
-        AMX tiles, ...). Their instructions are opaque calls to the cost model's features,
-        so it cannot weigh one such sketch against another before it has seen them timed;
-        each is measured once in the first batch."""
-        leads: dict[int, _Entry] = {}
-        for entry in ranked:
-            insts = self.replayer.sketches[entry.sketch].insts
-            if entry.sketch not in leads and any(i.kind.name == "Tensorize" for i in insts):
-                leads[entry.sketch] = entry
-        return list(leads.values())
 
     def _trim_pool(self) -> None:
         if len(self._pool) <= self.max_pool:

@@ -28,7 +28,7 @@ from tvm.s_tir import Schedule
 
 from .. import analysis as A
 from .amx_intrin import AmxTile, fits, register
-from .layout_rewrite import PREPROC_ANNOTATION
+from .int8_tile import write_back_and_pack
 
 AMX_LANES = 16
 """Output channels of one accumulator tile (64 bytes of int32)."""
@@ -100,9 +100,6 @@ def schedule_amx(sch: Schedule, shape, row_tiles: int, vectors: int,
     outer = [loops[i] for i in shape.spatial if i not in (shape.m, shape.o)]
     sch.reorder(*outer, m0a, oa, m0b, ob, *inner_reduce, *reduce[:-1], *mt, m1,
                 *([] if o0b is None else [o0b]), o1, reduce[-1])
-    back = sch.cache_write(main, 0, "global")
-    sch.reverse_compute_at(back, ob, preserve_unit_loops=True)
-    sch.parallel(sch.fuse(*outer, m0a, oa))
     nd, bo = len(shape.weight_dims), shape.weight_dims.index(shape.o)
     br = shape.weight_dims.index(shape.r)
 
@@ -110,9 +107,8 @@ def schedule_amx(sch: Schedule, shape, row_tiles: int, vectors: int,
         others = [d[i] for i in range(nd) if i not in (bo, br)]
         return [*others, d[bo] // AMX_LANES, d[br] // 4, d[bo] % AMX_LANES, d[br] % 4]
 
-    packer = sch.cache_read(main, shape.weight_read, "global")
-    sch.transform_layout(main, ("read", shape.weight_read), packed)
-    sch.annotate(packer, PREPROC_ANNOTATION, True)
+    back, _ = write_back_and_pack(sch, main, ob, [*outer, m0a, oa], shape.weight_read,
+                                  packed)
     sch.decompose_reduction(main, (inner_reduce + reduce)[0])
     tile = AmxTile(rows, vectors, steps, positions if window else None, stride, row_tiles)
     register(tile.name)

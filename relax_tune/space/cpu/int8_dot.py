@@ -39,6 +39,7 @@ from ..params import TargetParams
 from ..rule import FunctionRule
 from .amx_tiles import AMX_DEPTH, AMX_LANES, amx_choices, schedule_amx
 from .int8_intrin import DotInstruction, dot_instruction
+from .int8_tile import write_back_and_pack
 from .layout_rewrite import PREPROC_ANNOTATION
 
 logger = logging.getLogger(__name__)
@@ -192,11 +193,6 @@ class Int8DotProduct(FunctionRule):
         outer = [loops[i] for i in shape.spatial if i not in (shape.m, shape.o)]
         inner_reduce = [loops[i] for i in shape.reduce if i != shape.r]
         sch.reorder(*outer, m0, o0a, *inner_reduce, r0, m1, o0b, o1, r1)
-        # the accumulator tile, written back (with the epilogue) per tile
-        back = sch.cache_write(main, 0, "global")
-        sch.reverse_compute_at(back, o0a, preserve_unit_loops=True)
-        # parallel before the tensorized block exists (it is no longer a plain reduction)
-        sch.parallel(sch.fuse(*outer, m0, o0a))
         # the weight packed so each lanes x depth step reads contiguous memory
         nd, bo = len(shape.weight_dims), shape.weight_dims.index(shape.o)
         br = shape.weight_dims.index(shape.r)
@@ -205,11 +201,10 @@ class Int8DotProduct(FunctionRule):
             middle = [d[i] // depth if i == br else d[i] for i in range(nd) if i != bo]
             return [d[bo] // lanes, *middle, d[bo] % lanes, d[br] % depth]
 
-        packer = sch.cache_read(main, shape.weight_read, "global")
-        sch.transform_layout(main, ("read", shape.weight_read), packed)
+        back, packer = write_back_and_pack(sch, main, o0a, [*outer, m0, o0a],
+                                           shape.weight_read, packed)
         if inst.weight_dtype != "int8":  # widened once, when packed (AVX2's s16 pairs)
             sch.unsafe_set_dtype(packer, 0, inst.weight_dtype)
-        sch.annotate(packer, PREPROC_ANNOTATION, True)
         sch.decompose_reduction(main, (inner_reduce + [r0])[0])
         sch.tensorize(o1, inst.name)
         # the epilogue's last block computed in the write-back, per tile
