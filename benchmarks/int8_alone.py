@@ -1,0 +1,83 @@
+"""A compiled int8 model timed in a process of its own, and again right after ONNX Runtime's
+int8 kernels ran on the same thread (what sharing a process with them costs):
+
+    python -m benchmarks.int8_alone <model_qdq.onnx> <work_dir> [--rounds 5] [--calls 20]
+        [--no-spin]
+
+The QDQ file and the work_dir are what ``bench_real_models --int8 --work-root`` leaves (the
+model compiled from the work_dir's records, nothing tuned). Each round times ``--calls``
+calls of the model (median), then runs ONNX Runtime int8 once on the same input and times
+the model again; the table gives the medians over rounds. ``TVM_NUM_THREADS`` and ONNX
+Runtime's intra-op threads are both ``--threads``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("qdq")
+    parser.add_argument("work_dir")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-spin", action="store_true",
+                        help="ONNX Runtime's intra-op threads do not spin after a run")
+    args = parser.parse_args()
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    import tvm
+    from tvm import relax
+
+    import relax_tune as rt
+    from relax_tune.model_loader import load_model
+
+    graph_input = onnx.load(args.qdq, load_external_data=False).graph.input[0]
+    shape = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 100, shape).astype("int64") \
+        if graph_input.type.tensor_type.elem_type == onnx.TensorProto.INT64 \
+        else rng.random(shape).astype("float32")
+    target = rt.host_target()
+    loaded = load_model(args.qdq)
+    ex = tvm.compile(loaded.mod, target, relax_pipeline=loaded.compile_pipeline(
+        target, args.work_dir, max_trials_global=0))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    arg = tvm.runtime.tensor(x)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = args.threads, 1
+    if args.no_spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(args.qdq, options, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: x}
+
+    def ours() -> float:
+        times = []
+        for _ in range(args.calls):
+            start = time.perf_counter()
+            vm["main"](arg)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    for _ in range(3):
+        vm["main"](arg)
+    alone, after = [], []
+    for _ in range(args.rounds):
+        alone.append(ours())
+        session.run(None, feed)
+        after.append(ours())
+    print(f"threads {args.threads}, {args.rounds} rounds of {args.calls} calls, ONNX Runtime "
+          f"threads {'do not spin' if args.no_spin else 'spin (its default)'}")
+    print(f"alone: {statistics.median(alone) * 1e3:.3f} ms; right after ONNX Runtime int8 "
+          f"ran on this thread: {statistics.median(after) * 1e3:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
