@@ -7,9 +7,9 @@ per kernel position).
 - ``rows``: the largest divisor of the spatial axis before the output channel (a matmul's
   ``m``, a convolution's output width) up to 16, an AMX tile's most rows: 16 of 128
   tokens, 14 of 56 or 28 pixels, 7 of 7;
-- ``row_tiles`` x ``vectors`` accumulator tiles a call (1 x 1-3 or 2 x 1-2, one sketch
-  each): each loaded slice of the input serves ``vectors`` tiles, each weight tile
-  ``row_tiles``;
+- ``row_tiles`` x ``vectors`` accumulator tiles a call (1 x 1-3, 2 x 1, and 2 x 2 with
+  16-row tiles: ``amx_intrin.fits``; one sketch each): each loaded slice of the input
+  serves ``vectors`` tiles, each weight tile ``row_tiles``;
 - the tiles grouped in blocks of row tiles x channel tiles, one parallel job each, their
   sizes sampled (``BLOCK``): what the search tunes;
 - the weight packed once (``PREPROC_ANNOTATION``) as ``[.., o/16, r/4, 16, 4]``: the
@@ -68,8 +68,9 @@ def schedule_amx(sch: Schedule, shape, row_tiles: int, vectors: int,
     """Schedule ``sch`` (see the module docstring) with ``row_tiles`` x ``vectors``
     accumulator tiles a call; ``inline`` is ``Int8DotProduct._inline``. With ``window``, a
     convolution's kernel positions run inside the call (its accumulators stay in the tiles
-    over the whole window); raises when the function has no window of two positions beyond
-    one, or the input's pixel stride is not a constant."""
+    over the whole window); raises when the function has no kernel window (two reduction
+    axes besides the channels, not both of extent 1), or when the input's rows are not
+    read at a constant stride."""
     rows = tile_rows(_extent(sch, shape, shape.m))
     steps = _extent(sch, shape, shape.r) // AMX_DEPTH
     stride = shape.m_stride
