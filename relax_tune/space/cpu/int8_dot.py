@@ -18,6 +18,9 @@ The instruction (``int8_intrin.int8_dot_intrinsic``: AVX512-VNNI's ``vpdpbusd``,
   channels), both sampled (``sample_perfect_tile``), in a tile-sized buffer written back
   with the epilogue inlined into the write-back, and runs the outer tiles in parallel.
 
+Where the target has AMX tiles the rule also offers AMX sketches of the same function
+(``amx_tiles``), and the tuner measures both kinds.
+
 Functions of another shape, sizes the instruction does not tile (``o`` not a multiple of
 ``lanes``, ``r`` of ``depth``: a first convolution's 3 channels, a depthwise one), and
 targets without an instruction are left to the block rules (``sketches`` returns ``[]``).
@@ -29,10 +32,10 @@ import logging
 from dataclasses import dataclass
 
 import tvm
-from tvm.sym import detect_linear_equation
 import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import Schedule
+from tvm.sym import detect_linear_equation
 
 from .. import analysis as A
 from ..params import TargetParams
