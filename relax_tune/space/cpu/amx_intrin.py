@@ -279,10 +279,9 @@ def has_amx(target: tvm.target.Target | None) -> bool:
             return False
     except Exception:  # noqa: BLE001 - a target LLVM cannot describe
         return False
-    from ...utils import host_target
-
     try:
-        host_has = all(codegen.target_has_features(f, host_target()) for f in FEATURES)
+        host = tvm.target.Target({"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu())})
+        host_has = all(codegen.target_has_features(f, host) for f in FEATURES)
     except Exception:  # noqa: BLE001 - not an x86 host
         host_has = False
     return _host_grants_tiles() if host_has else True
