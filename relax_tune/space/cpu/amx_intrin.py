@@ -36,6 +36,7 @@ program without relax_tune imported):
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 import struct
 from dataclasses import dataclass
@@ -252,20 +253,14 @@ def register_named(names: list[str]) -> None:
             register(name)
 
 
-_HOST_GRANTS: bool | None = None
-
-
+@functools.cache
 def _host_grants_tiles() -> bool:
     """Whether Linux gives this process the tile registers (asked once)."""
-    global _HOST_GRANTS
-    if _HOST_GRANTS is None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            _HOST_GRANTS = libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM,
-                                        _XFEATURE_XTILEDATA) == 0
-        except (OSError, AttributeError):
-            _HOST_GRANTS = False
-    return _HOST_GRANTS
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def has_amx(target: tvm.target.Target | None) -> bool:

@@ -76,13 +76,13 @@ def schedule_amx(sch: Schedule, shape, row_tiles: int, vectors: int,
     stride = shape.m_stride
     if stride is None:
         raise ValueError("the input's rows are not read at a constant stride")
+    positions = tuple(_extent(sch, shape, i) for i in shape.reduce if i != shape.r)
+    if window and (len(positions) != 2 or positions == (1, 1)):
+        raise ValueError("not a convolution window")  # before any primitive runs
     inline(sch, shape.block, sch.compute_inline)
     main = sch.get_sblock(shape.block)
     loops = A.loops_of(sch, main)
     inner_reduce = [loops[i] for i in shape.reduce if i != shape.r]
-    positions = tuple(_extent(sch, shape, i) for i in shape.reduce if i != shape.r)
-    if window and (len(positions) != 2 or positions == (1, 1)):
-        raise ValueError("not a convolution window")
     o0, o1 = sch.split(loops[shape.o], [None, AMX_LANES])
     o0a, o0b = (o0, None) if vectors == 1 else sch.split(o0, [None, vectors])
     # without a window the whole reduction is one call's; the window's call is the loop
