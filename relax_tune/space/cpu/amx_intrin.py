@@ -21,16 +21,21 @@ program without relax_tune imported):
   step is 16 cycles), so each call reads the thread's configuration (``sttilecfg``, about
   60 ns) and loads its own only when it differs;
 - another library in the process may keep its own configuration loaded on a thread and
-  not load it again (ONNX Runtime's MLAS reloads only when the thread's configuration
-  differs from its own in both rows and row bytes), so a call that found another
-  configuration live (palette not 0) loads it back when done (it then pays the check, two
-  loads and the store each call; a process whose only AMX code is ours keeps its
-  configuration loaded), and a configuration of ours never passes for a 16 x 64 one
-  (``tile_config``). Without either, ONNX Runtime's next int8 kernel on that thread died
-  of an illegal instruction;
+  not load it again, so a call that found a configuration not of ours live loads it back
+  when done (it then pays the check and two loads each call). Ours are told by a tile
+  of 1 row of 4 bytes (``tile_config``: every configuration of ours has one but the
+  all-16 x 64 one of 2 x 2 tiles); a configuration of ours, or the all-16 x 64 one, is
+  not given back: kernels of ours with different tiles run one after another in a model,
+  and giving back each other's made every call of the later ones pay a syscall and two
+  loads (a 56x56 int8 convolution of ResNet-18 ran 3x its time alone). ONNX Runtime's
+  MLAS, the library known to keep its configuration (16 x 64 everywhere), reloads when
+  the thread's differs from its own in both rows and row bytes for some tile, which the
+  4-byte tile of ours does. Without that odd tile, or with neither rule, ONNX Runtime's
+  next int8 kernel on that thread died of an illegal instruction;
 - Linux hands out the tile registers only to processes that ask
   (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``): asked, through libc's
-  ``syscall``, before that first load (asking again is harmless).
+  ``syscall``, before a load on a thread with no configuration (one with a configuration
+  proves that the process has them).
 """
 
 from __future__ import annotations
@@ -160,6 +165,13 @@ def _source(t: AmxTile) -> tuple[str, str]:
     w = tile_config(rows, tiles, vectors)
     check = " or ".join(f"cfg[{i}] != T.uint64({w[i]})" for i in (0, 2, 3, 6))
     fill = "\n".join(" " * 12 + f"mine[{i}] = T.uint64({w[i]})" for i in range(8))
+    full = tile_config(16, 2, 2)
+    # a configuration another kernel of ours loaded (a 4-byte tile), or the all-16 x 64
+    # one (ours with 2 x 2 tiles, MLAS's): not given back (see the module docstring)
+    shared = " or ".join(
+        [f"cfg[{2 + tile // 4}] // T.uint64({1 << 16 * (tile % 4)}) % T.uint64(65536) "
+         f"== T.uint64(4)" for tile in range(8)] +
+        ["(" + " and ".join(f"cfg[{i}] == T.uint64({full[i]})" for i in (0, 2, 3, 6)) + ")"])
     # tiles: accumulators 0 .. tiles * vectors - 1, A 4 .. 3 + tiles, B 4 + tiles ..
     position = "kh * sa0 + kw * sa1 + " if win else ""
     a_off = f"{position}r * {rows * stride} * sa1 + 64 * s"
@@ -211,9 +223,10 @@ def impl(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
         mine = T.alloc_buffer((8,), "uint64", scope="local")
         T.evaluate(T.call_llvm_intrin("void", "llvm.x86.sttilecfg", T.address_of(cfg[0])))
         if {check}:
-            T.evaluate(T.call_extern("int64", "syscall", T.int64({_SYS_ARCH_PRCTL}),
-                                     T.int64({_ARCH_REQ_XCOMP_PERM}),
-                                     T.int64({_XFEATURE_XTILEDATA})))
+            if cfg[0] % T.uint64(256) == T.uint64(0):
+                T.evaluate(T.call_extern("int64", "syscall", T.int64({_SYS_ARCH_PRCTL}),
+                                         T.int64({_ARCH_REQ_XCOMP_PERM}),
+                                         T.int64({_XFEATURE_XTILEDATA})))
 {fill}
             T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(mine[0])))
         for r in T.unroll({tiles}):
@@ -227,7 +240,7 @@ def impl(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
                 T.evaluate(T.call_llvm_intrin(
                     "void", "llvm.x86.tilestored64", T.uint8(r * {vectors} + v),
                     c.access_ptr("w", offset={c_off}), T.int64(sc * 4)))
-        if cfg[0] % T.uint64(256) != T.uint64(0) and ({check}):
+        if cfg[0] % T.uint64(256) != T.uint64(0) and ({check}) and not ({shared}):
             T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
 """
     return desc, impl
