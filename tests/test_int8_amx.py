@@ -31,6 +31,20 @@ def _RELEASE():
     T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
 
 
+
+@tvm.script.ir_module
+class _TileConfig:
+    """The thread's tile configuration read (``sttilecfg``) and loaded (``ldtilecfg``)."""
+
+    @T.prim_func(s_tir=True)
+    def store(out: T.Buffer((8,), "uint64")):
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.sttilecfg", T.address_of(out[0])))
+
+    @T.prim_func(s_tir=True)
+    def load(cfg: T.Buffer((8,), "uint64")):
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
+
+
 SHAPES = {"matmul": {"rows": 32, "reduce": 128, "channels": 32},
           "conv2d": {"reduce": 64, "channels": 32, "size": 10, "zero_point": 5}}
 """Small layers the AMX sketch tiles: 16 of 32 rows, 10 of 10 output pixels (a 3x3
@@ -46,15 +60,16 @@ def _amx_names(trace) -> list[str]:
             and parse_name(str(inst.attrs[0])) is not None]
 
 
-def _export_amx_kernel(mod: tvm.IRModule, folder) -> int:
-    """``mod`` on its first AMX sketch, built to ``folder/amx.so``, its ``kernel_args``
-    saved as ``folder/arg<i>.npy``: how many."""
+def _export_amx_kernel(mod: tvm.IRModule, folder, name: str = "amx") -> int:
+    """``mod`` on its first AMX sketch, built to ``folder/<name>.so``, its ``kernel_args``
+    saved as ``folder/<name>_arg<i>.npy`` (``arg<i>.npy`` for ``amx``): how many."""
     (sketch,) = [s for s in generate_design_space(mod, AMX) if _amx_names(s)][:1]
     scheduled = space_for_target(AMX).replay(mod, without_decisions(sketch), seed=1).sch.mod
-    tvm.compile(scheduled, target=AMX).export_library(str(folder / "amx.so"))
+    tvm.compile(scheduled, target=AMX).export_library(str(folder / f"{name}.so"))
     args = kernel_args(mod)
+    prefix = "" if name == "amx" else f"{name}_"
     for i, arg in enumerate(args):
-        np.save(folder / f"arg{i}.npy", arg.numpy())
+        np.save(folder / f"{prefix}arg{i}.npy", arg.numpy())
     return len(args)
 
 
@@ -203,6 +218,53 @@ def test_an_amx_kernel_gives_back_another_librarys_tile_configuration(tmp_path):
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), run_kernel(mod, AMX))
 
+
+@pytest.mark.skipif(not _host_runs_amx(), reason="this CPU has no AMX tiles Linux grants")
+def test_an_amx_kernel_keeps_the_configuration_it_loaded_unless_another_library_left_one(
+        tmp_path):
+    """After an AMX kernel of ours the thread holds its own tile configuration when it found
+    one of ours (other tiles) or the all-16 x 64 one loaded; another library's is given back
+    (loaded again). Giving back each other's made every call of a model's later AMX kernels
+    pay two configuration loads and a syscall."""
+    kernels = {"a": integer_kernel("matmul", AMX, rows=28, reduce=128, channels=32),
+               "b": integer_kernel("matmul", AMX, rows=32, reduce=128, channels=32)}
+    counts = {name: _export_amx_kernel(mod, tmp_path, name) for name, mod in kernels.items()}
+    tvm.compile(_TileConfig, target=AMX).export_library(str(tmp_path / "cfg.so"))
+    foreign = tile_config(16, 2, 2)
+    foreign[6] = int.from_bytes(bytes([8] * 8), "little")  # 8 rows x 64 bytes each
+    script = (
+        "import sys, numpy as np, tvm\n"
+        "d = sys.argv[1]\n"
+        "cfg = tvm.runtime.load_module(d + '/cfg.so')\n"
+        "def run(name, n):\n"
+        "    args = [tvm.runtime.tensor(np.load(f'{d}/{name}_arg{i}.npy')) for i in range(n)]\n"
+        "    tvm.runtime.load_module(f'{d}/{name}.so')['main'](*args)\n"
+        "def held():\n"
+        "    out = tvm.runtime.tensor(np.zeros(8, 'uint64'))\n"
+        "    cfg['store'](out)\n"
+        "    return [int(w) for w in out.numpy()]\n"
+        "def load(words):\n"
+        "    cfg['load'](tvm.runtime.tensor(np.array(words, 'uint64')))\n"
+        f"run('a', {counts['a']}); after_a = held()\n"
+        f"run('b', {counts['b']}); after_b = held()\n"
+        f"load({foreign}); run('b', {counts['b']}); after_foreign = held()\n"
+        f"load({tile_config(16, 2, 2)}); run('b', {counts['b']}); after_full = held()\n"
+        "print(after_a, after_b, after_foreign, after_full)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TVM_NUM_THREADS": "1"})
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    after_a, after_b, after_foreign, after_full = eval(done.stdout.strip().replace("] [", "],["))
+
+    def config(mod):
+        (sketch,) = [s for s in generate_design_space(mod, AMX) if _amx_names(s)][:1]
+        t = parse_name(_amx_names(sketch)[0])
+        return tile_config(t.rows, t.row_tiles, t.vectors)
+
+    assert config(kernels["a"]) != config(kernels["b"])
+    assert after_a == config(kernels["a"])
+    assert after_b == config(kernels["b"])  # another kernel's of ours not given back
+    assert after_foreign == foreign  # another library's given back
+    assert after_full == config(kernels["b"])
 
 def test_the_first_batch_leads_with_one_candidate_of_each_tensorizing_sketch():
     """The cost model cannot rank the VNNI and AMX sketches against each other before it has
