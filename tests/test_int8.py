@@ -135,6 +135,16 @@ def test_integer_convolutions_read_a_multiple_of_four_channels_and_pool_integers
 
 
 @needs_ort
+def test_a_matmul_of_a_higher_rank_input_runs_on_its_matrix(models):
+    """The block's [1, seq, d] projections: the integer matmuls of constant weights
+    take a 2-D input (rows, k), the result shaped back."""
+    out = IntegerQDQ()(load_model(models["block"][1]).mod)
+    weighted = [c for c in _calls(out, "relax.matmul", "int32")
+                if isinstance(c.args[1], tvm.ir.GenericConst)]
+    assert weighted and all(len(c.args[0].ty.shape) == 2 for c in weighted)
+
+
+@needs_ort
 def test_moved_quantized_tensors_are_moved_as_integers(models):
     mod = load_model(models["block"][1]).mod
     def moves(m, dtype):

@@ -190,10 +190,12 @@ def _rewrite(matched: relax.Call, matches: dict, parts: dict, op_name: str) -> r
             raise _Unsupported("the input's type is not its dequantize's")
         w, w_scale = _weights(matches, parts, op_name)
         zx = int(x.zero_point.reshape(-1)[0])
+        lead = None
         if op_name == "relax.nn.conv2d":
             acc, shape = _integer_conv(qx, matches[parts["core"]].attrs, w, zx)
             w_sum = w.astype(np.int64).sum(axis=(1, 2, 3))
         else:
+            qx, lead = _as_matrix(qx)
             acc = relax.op.matmul(qx, relax.const(w), out_dtype="int32")
             shape, w_sum = [w.shape[1]], w.astype(np.int64).sum(axis=0)
         correction = _bias(matches, parts, x, w_scale, op_name) - zx * w_sum
@@ -208,7 +210,24 @@ def _rewrite(matched: relax.Call, matches: dict, parts: dict, op_name: str) -> r
         logger.warning("int8: a quantized %s kept in float (%s)", op_name, err)
         return matched
     total = relax.op.add(acc, relax.const(correction.astype(np.int32).reshape(shape)))
-    return _requantize(total, multiplier, shape, y, (lo, hi))
+    out = _requantize(total, multiplier, shape, y, (lo, hi))
+    if op_name != "relax.nn.conv2d" and lead is not None:
+        out = relax.op.reshape(out, [*lead, w.shape[1]])
+    return out
+
+
+def _as_matrix(qx: relax.Expr) -> tuple[relax.Expr, list[int] | None]:
+    """A static input of more than 2 dimensions as the matrix ``[rows, k]`` (and its
+    leading dimensions, to shape the result back), else ``(qx, None)``. A matmul's rows are
+    then one axis of the kernel: an encoder's ``[seq, 1, d]`` projections had a unit axis
+    between the rows and the channels, which the dot-product sketches took for the rows
+    (tiles of 1 row, no AMX)."""
+    shape = getattr(qx.ty, "shape", None)
+    dims = list(shape.values) if shape is not None else []
+    if len(dims) <= 2 or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return qx, None
+    lead = [int(d) for d in dims[:-1]]
+    return relax.op.reshape(qx, [int(np.prod(lead)), int(dims[-1])]), lead
 
 
 def _activation_pattern():
