@@ -144,6 +144,40 @@ def test_a_matmul_of_a_higher_rank_input_runs_on_its_matrix(models):
     assert weighted and all(len(c.args[0].ty.shape) == 2 for c in weighted)
 
 
+@pytest.mark.parametrize("dtype,op", [("uint8", "gelu"), ("int8", "sigmoid")])
+def test_a_quantized_elementwise_function_is_looked_up_in_a_table(dtype, op):
+    """``quantize(f(dequantize(q)))`` becomes a gather from a 256-entry table: no ``f`` is
+    left, and for every input value the table gives what TVM's float ``f`` gives, within one
+    quantisation step (its ``erf``/``exp`` are approximations, the table's exact)."""
+    from relax_tune.lowering.int8_tables import quantized_functions_as_tables
+
+    f, name = {"gelu": (relax.op.nn.gelu, "relax.nn.gelu"),
+               "sigmoid": (relax.op.sigmoid, "relax.sigmoid")}[op]
+    zero, out_zero = (3, 7) if dtype == "uint8" else (-5, 4)
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType([256], dtype))
+    with bb.function("main", [q]):
+        with bb.dataflow():
+            x = bb.emit(relax.op.dequantize(q, relax.const(0.031, "float32"),
+                                            relax.const(zero, dtype)))
+            y = bb.emit(relax.op.quantize(f(x), relax.const(0.017, "float32"),
+                                          relax.const(out_zero, dtype), out_dtype=dtype))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tabled = quantized_functions_as_tables(mod)
+    assert len(_calls(tabled, "relax.take")) == 1 and not _calls(tabled, name)
+    info = np.iinfo(dtype)
+    values = np.arange(info.min, info.max + 1).astype(dtype)
+    outs = []
+    for m in (mod, tabled):
+        ex = tvm.compile(m, target=host_target())
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(values)).numpy().astype(int))
+    assert np.abs(outs[0] - outs[1]).max() <= 1
+    assert len(np.unique(outs[1])) > 20  # the function's range, not a constant
+
+
 @needs_ort
 def test_moved_quantized_tensors_are_moved_as_integers(models):
     mod = load_model(models["block"][1]).mod

@@ -18,7 +18,8 @@ integers, as ONNX Runtime's QLinearConv/QLinearMatMul kernels compute them::
 
 A matmul of two quantized run-time tensors (attention's ``q k^T`` and ``a v``) is
 computed the same way, its zero-point corrections from the operands' row and column sums
-at run time.
+at run time. A quantized elementwise function (GELU, sigmoid, tanh, SiLU) of a quantized
+tensor becomes a 256-entry table (``int8_tables``).
 
 What is rewritten: conv2d (NCHW/OIHW, any stride, dilation and groups) and matmul (a 2-D
 weight ``[K, N]`` or Gemm's transposed ``[N, K]``) with a per-tensor u8/s8 input, s8
@@ -39,6 +40,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from .int8_movement import drop_movement_qdq
+from .int8_tables import quantized_functions_as_tables
 from .rewrite import constant, rewrite_functions
 from .qparams import INT8_TYPES, QParams, activation_bounds, output_multiplier, qparams_of
 
@@ -289,5 +291,6 @@ class IntegerQDQ:
             mod = rewrite_functions(
                 mod, pattern, lambda e, m, p=parts, o=op_name: _rewrite(e, m, p, o))
         pattern, parts = _activation_pattern()
-        return rewrite_functions(mod, pattern,
-                                 lambda e, m: _rewrite_activations(e, m, parts))
+        mod = rewrite_functions(mod, pattern,
+                                lambda e, m: _rewrite_activations(e, m, parts))
+        return quantized_functions_as_tables(mod)
