@@ -32,7 +32,7 @@ from tvm.s_tir import Schedule
 
 from .. import analysis as A
 from .amx_intrin import AmxTile, fits, register
-from .int8_tile import write_back_and_pack
+from .int8_tile import rows_into_jobs, write_back_and_pack
 
 AMX_LANES = 16
 """Output channels of one accumulator tile (64 bytes of int32)."""
@@ -46,10 +46,6 @@ BLOCK = 8
 
 def _extent(sch: Schedule, shape, axis: int) -> int:
     return int(A.node(sch, sch.get_sblock(shape.block)).iter_vars[axis].dom.extent)
-
-
-def _loop_extent(sch: Schedule, loop) -> int:
-    return int(sch.get(loop).extent)
 
 
 def tile_rows(extent: int) -> int:
@@ -107,14 +103,7 @@ def schedule_amx(sch: Schedule, shape, row_tiles: int, vectors: int,
     m0a, m0b = sch.split(m0, sch.sample_perfect_tile(m0, n=2, max_innermost_factor=BLOCK))
     oa, ob = sch.split(o0a, sch.sample_perfect_tile(o0a, n=2, max_innermost_factor=BLOCK))
     outer = [loops[i] for i in shape.spatial if i not in (shape.m, shape.o)]
-    # a convolution's output rows split too, the inner part inside the job and under its
-    # channel tiles: the job's weights are read once and reused over its rows (7x7 layers
-    # have one row tile a row, and 2.4 MB of weights that a row a job streamed 7 times)
-    rows_in_job = []
-    if outer and _loop_extent(sch, outer[-1]) > 1:
-        ya, yb = sch.split(outer[-1], sch.sample_perfect_tile(
-            outer[-1], n=2, max_innermost_factor=BLOCK))
-        outer, rows_in_job = [*outer[:-1], ya], [yb]
+    outer, rows_in_job = rows_into_jobs(sch, outer, BLOCK)
     sch.reorder(*outer, m0a, oa, ob, *rows_in_job, m0b, *inner_reduce, *reduce[:-1], *mt, m1,
                 *([] if o0b is None else [o0b]), o1, reduce[-1])
     nd, bo = len(shape.weight_dims), shape.weight_dims.index(shape.o)

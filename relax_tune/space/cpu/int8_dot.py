@@ -16,7 +16,9 @@ The instruction (``int8_intrin.int8_dot_intrinsic``: AVX512-VNNI's ``vpdpbusd``,
 - keeps a register tile of ``rows x vectors`` accumulators (rows from the spatial axis
   before ``o``: a matmul's ``m``, a convolution's output width; vectors of ``lanes``
   channels), both sampled (``sample_perfect_tile``), in a tile-sized buffer written back
-  with the epilogue inlined into the write-back, and runs the outer tiles in parallel.
+  with the epilogue inlined into the write-back, and runs the outer tiles in parallel, a
+  convolution's output rows partly inside each job (sampled), under its channel tile, so
+  the job's weights serve all its rows (``int8_tile.rows_into_jobs``).
 
 Where the target has AMX tiles the rule also offers AMX sketches of the same function
 (``amx_tiles``), and the tuner measures both kinds.
@@ -42,7 +44,7 @@ from ..params import TargetParams
 from ..rule import FunctionRule
 from .amx_tiles import AMX_DEPTH, AMX_LANES, amx_choices, schedule_amx
 from .int8_intrin import DotInstruction, dot_instruction
-from .int8_tile import write_back_and_pack
+from .int8_tile import rows_into_jobs, write_back_and_pack
 from .layout_rewrite import PREPROC_ANNOTATION
 
 logger = logging.getLogger(__name__)
@@ -136,13 +138,15 @@ class Int8DotProduct(FunctionRule):
             instructions on 16 registers).
         max_register_vectors: largest number of ``lanes``-channel vectors in the register
             tile.
+        max_job_rows: largest number of a convolution's output rows a parallel job
+            computes with the same weights (``int8_tile.rows_into_jobs``).
     """
 
     name = "int8_dot_product"
 
     def __init__(self, params: TargetParams, intrinsic: str | None,
                  max_register_rows: int = 8, max_register_vectors: int = 4,
-                 amx: bool = False) -> None:
+                 amx: bool = False, max_job_rows: int = 8) -> None:
         self.params = params
         self.intrinsic = intrinsic
         self.amx = amx
@@ -150,6 +154,7 @@ class Int8DotProduct(FunctionRule):
             dot_instruction(intrinsic) if intrinsic is not None else None
         self.max_register_rows = max_register_rows
         self.max_register_vectors = max_register_vectors
+        self.max_job_rows = max_job_rows
 
     def sketches(self, sch: Schedule) -> list[Schedule]:
         """For an integer reduction the instructions tile: one sketch on the dot-product
@@ -194,8 +199,9 @@ class Int8DotProduct(FunctionRule):
         m0, m1 = sch.split(loops[shape.m], sch.sample_perfect_tile(
             loops[shape.m], n=2, max_innermost_factor=rows))
         outer = [loops[i] for i in shape.spatial if i not in (shape.m, shape.o)]
+        outer, rows_in_job = rows_into_jobs(sch, outer, self.max_job_rows)
         inner_reduce = [loops[i] for i in shape.reduce if i != shape.r]
-        sch.reorder(*outer, m0, o0a, *inner_reduce, r0, m1, o0b, o1, r1)
+        sch.reorder(*outer, m0, o0a, *rows_in_job, *inner_reduce, r0, m1, o0b, o1, r1)
         # the weight packed so each lanes x depth step reads contiguous memory
         nd, bo = len(shape.weight_dims), shape.weight_dims.index(shape.o)
         br = shape.weight_dims.index(shape.r)
@@ -204,8 +210,8 @@ class Int8DotProduct(FunctionRule):
             middle = [d[i] // depth if i == br else d[i] for i in range(nd) if i != bo]
             return [d[bo] // lanes, *middle, d[bo] % lanes, d[br] % depth]
 
-        back, packer = write_back_and_pack(sch, main, o0a, [*outer, m0, o0a],
-                                           shape.weight_read, packed)
+        back, packer = write_back_and_pack(sch, main, (rows_in_job or [o0a])[0],
+                                           [*outer, m0, o0a], shape.weight_read, packed)
         if inst.weight_dtype != "int8":  # widened once, when packed (AVX2's s16 pairs)
             sch.unsafe_set_dtype(packer, 0, inst.weight_dtype)
         sch.decompose_reduction(main, (inner_reduce + [r0])[0])
