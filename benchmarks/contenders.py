@@ -81,6 +81,28 @@ def compile_untuned(mod, params, target):
     return tvm.compile(zero, target)
 
 
+def compile_from_work_dir(model_path: str, work_dir: str) -> tuple[Any, np.ndarray]:
+    """``(executable, input)``: the ONNX model compiled with a work_dir's records through the
+    "relax_tune" pipeline (nothing tuned), and a seeded input for its first input (token ids
+    for an int64 one, else uniform floats)."""
+    import onnx
+    import tvm
+
+    import relax_tune as rt
+    from relax_tune.model_loader import load_model
+
+    graph_input = onnx.load(model_path, load_external_data=False).graph.input[0]
+    shape = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 100, shape).astype("int64") \
+        if graph_input.type.tensor_type.elem_type == onnx.TensorProto.INT64 \
+        else rng.random(shape).astype("float32")
+    target = rt.host_target()
+    loaded = load_model(model_path)
+    return tvm.compile(loaded.mod, target, relax_pipeline=loaded.compile_pipeline(
+        target, work_dir, max_trials_global=0)), x
+
+
 def import_tensor_intrin() -> None:
     """MetaSchedule's builder initializer: TVM's tensor intrinsics registered in the worker."""
     import tvm.s_tir.tensor_intrin  # noqa: F401 (registers intrinsics; slow: once per worker)

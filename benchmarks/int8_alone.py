@@ -30,25 +30,13 @@ def main() -> None:
                         help="ONNX Runtime's intra-op threads do not spin after a run")
     args = parser.parse_args()
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    import numpy as np
-    import onnx
     import onnxruntime as ort
     import tvm
     from tvm import relax
 
-    import relax_tune as rt
-    from relax_tune.model_loader import load_model
+    from benchmarks.contenders import compile_from_work_dir
 
-    graph_input = onnx.load(args.qdq, load_external_data=False).graph.input[0]
-    shape = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 100, shape).astype("int64") \
-        if graph_input.type.tensor_type.elem_type == onnx.TensorProto.INT64 \
-        else rng.random(shape).astype("float32")
-    target = rt.host_target()
-    loaded = load_model(args.qdq)
-    ex = tvm.compile(loaded.mod, target, relax_pipeline=loaded.compile_pipeline(
-        target, args.work_dir, max_trials_global=0))
+    ex, x = compile_from_work_dir(args.qdq, args.work_dir)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     arg = tvm.runtime.tensor(x)
     options = ort.SessionOptions()

@@ -1,0 +1,102 @@
+"""A model compiled from a work_dir and OpenVINO, profiled per kernel in one process:
+
+    python -m benchmarks.profile_vs_openvino <model.onnx> <work_dir> [--rounds 10]
+        [--calls 5] [--threads 2]
+
+relax_tune's side is ``relax_tune.profile.profile_model`` (every call the Relax VM makes,
+timed in place by its instrument hook); OpenVINO's is its own per-node profile
+(``PERF_COUNT``: each executed node's real time, the node type and the primitive it ran,
+``brgconv_avx512_amx_I8`` and the like). The two run in interleaved blocks of ``--calls``
+calls, ``--rounds`` times, so both see the same state of a drifting machine; the whole
+model is timed uninstrumented in the same blocks. Both lists come in execution order, so
+layer N of one reads against layer N of the other (kernels of ours also hold the
+neighbouring elementwise operators OpenVINO fuses as post-ops). The ONNX file may be a
+float or a QDQ model (the work_dir's records must be for the same file, as
+``bench_real_models --work-root`` leaves them); every contender runs ``--threads``
+threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections import defaultdict
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("work_dir")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--min-ms", type=float, default=0.005,
+                        help="leave out calls below this many ms a run")
+    args = parser.parse_args()
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    import openvino as ov
+    import tvm
+    from tvm import relax
+
+    from benchmarks.contenders import compile_from_work_dir
+    from relax_tune.profile import profile_model
+
+    ex, x = compile_from_work_dir(args.model, args.work_dir)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    arg = tvm.runtime.tensor(x)
+    compiled = ov.Core().compile_model(args.model, "CPU", {
+        "INFERENCE_NUM_THREADS": args.threads, "PERFORMANCE_HINT": "LATENCY",
+        "PERF_COUNT": "YES"})
+    request = compiled.create_infer_request()
+
+    def timed(call) -> list[float]:
+        call()
+        out = []
+        for _ in range(args.calls):
+            start = time.perf_counter()
+            call()
+            out.append(time.perf_counter() - start)
+        return out
+
+    whole: dict[str, list[float]] = {"relax_tune": [], "openvino": []}
+    ours: dict[str, list[float]] = defaultdict(list)
+    order: list[str] = []
+    theirs: dict[tuple, float] = defaultdict(float)
+    for _ in range(args.rounds):
+        whole["relax_tune"] += timed(lambda: vm["main"](arg))
+        for kernel in profile_model(ex, [arg], runs=args.calls, warmup=1):
+            ours[kernel.name].append(kernel.secs)
+        whole["openvino"] += timed(lambda: request.infer({0: x}))
+        for _ in range(args.calls):
+            request.infer({0: x})
+            for node in request.profiling_info:
+                if node.status == node.Status.EXECUTED:
+                    theirs[(node.node_name, node.node_type, node.exec_type)] += \
+                        node.real_time.total_seconds() / (args.calls * args.rounds)
+    # profile_model lists the slowest first; execution order from one instrumented run
+
+    def note_order(func, name, before, ret, *rest):  # noqa: ARG001
+        if not before and str(name) not in order:
+            order.append(str(name))
+        return 0
+
+    vm.set_instrument(note_order)
+    vm["main"](arg)
+    print(f"threads {args.threads}; {args.rounds} interleaved rounds of {args.calls} calls")
+    for name, times in whole.items():
+        print(f"whole model, {name}: {statistics.median(times) * 1e3:.3f} ms (median)")
+    ours_ms = {k: statistics.median(v) * 1e3 for k, v in ours.items()}
+    print(f"\nrelax_tune, in execution order (sum {sum(ours_ms.values()):.3f} ms):")
+    for name in order:
+        if ours_ms.get(name, 0) >= args.min_ms:
+            print(f"{ours_ms[name]:8.3f}  {name}")
+    print(f"\nOpenVINO, in execution order (sum {sum(theirs.values()) * 1e3:.3f} ms):")
+    for (name, kind, primitive), secs in theirs.items():
+        if secs * 1e3 >= args.min_ms:
+            print(f"{secs * 1e3:8.3f}  {kind:<14} {primitive:<28} {name}")
+
+
+if __name__ == "__main__":
+    main()
