@@ -213,7 +213,7 @@ def _rewrite(matched: relax.Call, matches: dict, parts: dict, op_name: str) -> r
         return matched
     total = relax.op.add(acc, relax.const(correction.astype(np.int32).reshape(shape)))
     out = _requantize(total, multiplier, shape, y, (lo, hi))
-    if op_name != "relax.nn.conv2d" and lead is not None:
+    if lead is not None:  # a matmul's input taken as a matrix: the result shaped back
         out = relax.op.reshape(out, [*lead, w.shape[1]])
     return out
 

@@ -15,7 +15,7 @@ per kernel position).
   Inside a job the channel tiles are outermost, so a channel tile's weights are read
   from memory once and reused over the job's rows (ResNet-18's 7x7x512 layers: one row
   tile a row, 2.4 MB of weights; with one output row a job, the weights were streamed 7
-  times: 200 us, 88 us with the rows in the job; Xeon, 2 threads, 32 trials each);
+  times: 200-209 us, 88-90 us with the rows in the job; Xeon, 2 threads, 32 trials each);
 - the weight packed once (``PREPROC_ANNOTATION``) as ``[.., o/16, r/4, 16, 4]``: the
   dot-product kernels' tile rows, with the other weight axes (kernel positions) first so
   that a call's weight tiles are one region of it.
