@@ -94,6 +94,10 @@ def test_tile_configuration_sets_rows_and_row_bytes():
                                              [14, 14, 14, 1, 14, 16, 16, 16])
     assert fields(tile_config(16, 2, 2)) == (1, [64] * 8, [16] * 8)  # all 8 in use
     assert fits(2, 2, 16) and not fits(2, 2, 14) and fits(1, 3, 14) and not fits(2, 3, 16)
+    # tile 3 (4 bytes a row) marks every configuration of ours but the 2 x 2 one
+    for t, v, rows in [(t, v, r) for t in (1, 2) for v in (1, 2, 3) for r in (7, 14, 16)]:
+        if fits(t, v, rows):
+            assert (fields(tile_config(rows, t, v))[1][3] == 4) == ((t, v) != (2, 2))
 
 
 def test_intrinsic_names_round_trip():

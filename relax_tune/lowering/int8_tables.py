@@ -21,7 +21,7 @@ import numpy as np
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .qparams import INT8_TYPES, qparams_of
+from .qparams import INT8_TYPES, dtype_range, qparams_of
 from .rewrite import rewrite_functions
 
 
@@ -57,13 +57,12 @@ def quantized_table(function, x_scale: float, x_zero: int, x_dtype: str, y_scale
                     y_zero: int, y_dtype: str) -> np.ndarray:
     """``quantize(function(dequantize(v)))`` for every ``v`` of ``x_dtype`` in increasing
     order (0..255 for u8, -128..127 for s8), as int32."""
-    info = np.iinfo(x_dtype)
-    values = np.arange(info.min, info.max + 1, dtype=np.int64)
+    low, high = dtype_range(x_dtype)
+    values = np.arange(low, high + 1, dtype=np.int64)
     x = (values - x_zero).astype(np.float32) * np.float32(x_scale)
     y = np.array([function(float(v)) for v in x], dtype=np.float64).astype(np.float32)
     out = np.rint(y / np.float32(y_scale)).astype(np.float64) + y_zero
-    bounds = np.iinfo(y_dtype)
-    return np.clip(out, bounds.min, bounds.max).astype(np.int32)
+    return np.clip(out, *dtype_range(y_dtype)).astype(np.int32)
 
 
 def _rewrite(matched: relax.Call, matches: dict, parts: dict) -> relax.Expr:

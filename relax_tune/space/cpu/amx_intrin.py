@@ -22,8 +22,8 @@ program without relax_tune imported):
   60 ns) and loads its own only when it differs;
 - another library in the process may keep its own configuration loaded on a thread and
   not load it again, so a call that found a configuration not of ours live loads it back
-  when done (it then pays the check and two loads each call). Ours are told by a tile
-  of 1 row of 4 bytes (``tile_config``: every configuration of ours has one but the
+  when done (it then pays the check and two loads each call). Ours are told by tile 3
+  of 1 row of 4 bytes (``tile_config``: unused in every configuration of ours but the
   all-16 x 64 one of 2 x 2 tiles); a configuration of ours, or the all-16 x 64 one, is
   not given back: kernels of ours with different tiles run one after another in a model,
   and giving back each other's made every call of the later ones pay a syscall and two
@@ -120,7 +120,10 @@ def tile_config(rows: int, row_tiles: int = 1, vectors: int = 1) -> list[int]:
     current one differ from theirs (ONNX Runtime's MLAS and ggml test
     ``colsb differ && rows differ``): a configuration of ours with shorter tiles but every
     tile 64 bytes wide would pass for theirs, and their next instruction would fault.
-    With 16-row tiles and all 8 in use ours equals theirs (16 x 64 everywhere)."""
+    With 16-row tiles and all 8 in use ours equals theirs (16 x 64 everywhere).
+
+    Tile 3, the fourth accumulator, is used by 2 x 2 tiles only (``fits``), so its 4 bytes
+    a row tell every other configuration of ours from another library's."""
     used = set(range(row_tiles * vectors)) | set(range(4, 4 + row_tiles + vectors))
     raw = bytearray(64)
     raw[0] = 1
@@ -167,12 +170,11 @@ def _source(t: AmxTile) -> tuple[str, str]:
     check = " or ".join(f"cfg[{i}] != T.uint64({w[i]})" for i in (0, 2, 3, 6))
     fill = "\n".join(" " * 12 + f"mine[{i}] = T.uint64({w[i]})" for i in range(8))
     full = tile_config(16, 2, 2)
-    # a configuration another kernel of ours loaded (a 4-byte tile), or the all-16 x 64
-    # one (ours with 2 x 2 tiles, MLAS's): not given back (see the module docstring)
-    shared = " or ".join(
-        [f"cfg[{2 + tile // 4}] // T.uint64({1 << 16 * (tile % 4)}) % T.uint64(65536) "
-         f"== T.uint64(4)" for tile in range(8)] +
-        ["(" + " and ".join(f"cfg[{i}] == T.uint64({full[i]})" for i in (0, 2, 3, 6)) + ")"])
+    # a configuration another kernel of ours loaded (tile 3 four bytes wide: the row
+    # bytes of tiles 0-3 are cfg[2]'s four 16-bit fields), or the all-16 x 64 one (ours
+    # with 2 x 2 tiles, MLAS's): not given back (see the module docstring)
+    shared = f"cfg[2] // T.uint64({1 << 48}) == T.uint64(4) or (" + " and ".join(
+        f"cfg[{i}] == T.uint64({full[i]})" for i in (0, 2, 3, 6)) + ")"
     # tiles: accumulators 0 .. tiles * vectors - 1, A 4 .. 3 + tiles, B 4 + tiles ..
     position = "kh * sa0 + kw * sa1 + " if win else ""
     a_off = f"{position}r * {rows * stride} * sa1 + 64 * s"

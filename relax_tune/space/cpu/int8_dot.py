@@ -210,8 +210,9 @@ class Int8DotProduct(FunctionRule):
             middle = [d[i] // depth if i == br else d[i] for i in range(nd) if i != bo]
             return [d[bo] // lanes, *middle, d[bo] % lanes, d[br] % depth]
 
-        back, packer = write_back_and_pack(sch, main, (rows_in_job or [o0a])[0],
-                                           [*outer, m0, o0a], shape.weight_read, packed)
+        tile_loop = rows_in_job[0] if rows_in_job else o0a  # a register tile each
+        back, packer = write_back_and_pack(sch, main, tile_loop, [*outer, m0, o0a],
+                                           shape.weight_read, packed)
         if inst.weight_dtype != "int8":  # widened once, when packed (AVX2's s16 pairs)
             sch.unsafe_set_dtype(packer, 0, inst.weight_dtype)
         sch.decompose_reduction(main, (inner_reduce + [r0])[0])
