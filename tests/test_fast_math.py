@@ -151,3 +151,18 @@ def test_host_target_lets_llvm_vectorise_reductions():
         lib["main"](tvm.runtime.tensor(x), out)
         np.testing.assert_allclose(out.numpy(), x.astype("float64").sum(1), rtol=1e-4,
                                    atol=1e-4)
+
+
+def test_round_half_to_even_is_vectorised():
+    """Relax's ``round`` (every int8 requantisation) legalizes to ``nearbyint``, which TVM's
+    vectorizer left scalar: the loop ran on LLVM's own 8-lane vectors. Rewritten to
+    ``round``, the same half-to-even ``llvm.nearbyint``, it is vectorised as scheduled."""
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.49, 3.51, 1e7 + 1, -0.0, 254.5, 255.5,
+                  7.5, 8.5, -7.5, -8.5] * 4, dtype="float32").reshape(4, 16)
+    mod = _vectorised(tirx.nearbyint, x.shape)
+    assert "tirx.nearbyint" not in _calls(mod["main"])
+    lib = tvm.compile(mod, target=rt.host_target())
+    assert "<16 x float>" in lib.mod.inspect_source("ll")
+    out = tvm.runtime.tensor(np.zeros_like(x))
+    lib["main"](tvm.runtime.tensor(x), out)
+    np.testing.assert_array_equal(out.numpy(), np.rint(x))  # numpy's rint: half to even

@@ -15,6 +15,10 @@ it:
 - ``sigmoid(x)`` = 1 / (1 + exp(-x)) with the ``exp`` above.
 
 All agree with libm to a few float32 ulps (tested in tests/test_fast_math.py).
+
+``nearbyint`` (Relax's ``round``: every int8 requantisation) becomes ``round``: both are
+``llvm.nearbyint`` (half to even) on CPUs, but TVM's vectorizer leaves a loop with a
+``nearbyint`` call scalar.
 """
 
 from __future__ import annotations
@@ -95,8 +99,15 @@ def fast_sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return _c(1.0) / (_c(1.0) + fast_exp(_c(0.0) - x))
 
 
+def vector_round(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """float32 round half to even as ``tirx.round``: the same ``llvm.nearbyint`` on CPUs,
+    but TVM's vectorizer handles it, while a ``nearbyint`` call (what Relax's ``round``
+    legalizes to: every int8 requantisation) left the whole loop scalar."""
+    return tirx.round(x)
+
+
 _REWRITES = {"tirx.exp": fast_exp, "tirx.erf": fast_erf, "tirx.tanh": fast_tanh,
-             "tirx.sigmoid": fast_sigmoid}
+             "tirx.sigmoid": fast_sigmoid, "tirx.nearbyint": vector_round}
 
 
 def _rewrite_call(call: tvm.ir.expr.Call):

@@ -20,6 +20,7 @@ from tvm import relax
 
 from .attention_fusion import FuseAttention
 from .fast_math import FastMath
+from .im2col import ColumnsForFewChannels
 from .int8 import IntegerQDQ
 from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul
 from .shape_bounds import SimplifyBoundedShapes
@@ -84,7 +85,9 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
     constants, folded at compile time), the remaining batch norms and layer norms are
     decomposed into arithmetic that fuses into neighbouring kernels, patch convolutions
     (stride = kernel, a ViT's patch embedding) become matmuls, convolutions take the
-    channels-last layout on CPU targets (``graph.ChannelsLastConvolutions``), large 3x3
+    channels-last layout on CPU targets (``graph.ChannelsLastConvolutions``), integer
+    convolutions of an image's few channels run on its im2col columns
+    (``im2col.ColumnsForFewChannels``, CPU targets), large 3x3
     stride-1 convolutions are computed by Winograd's algorithm on CPU targets unless
     ``winograd`` is False (``winograd.WinogradConvolutions``), and constants are folded."""
     cpu = target is not None and target.kind.name == "llvm"
@@ -98,6 +101,7 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
         PatchConvToMatmul(),
         *([ChannelsLastConvolutions()] if cpu else []),
         relax.transform.FoldConstant(),
+        *([ColumnsForFewChannels()] if cpu and int8 else []),
         *([WinogradConvolutions(), relax.transform.FoldConstant()] if cpu and winograd else []),
     ]
 
