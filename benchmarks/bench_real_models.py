@@ -539,6 +539,9 @@ def main() -> int:
                         help="quantize each model with ONNX Runtime's quantize_static (QDQ) and "
                              "compare PyTorch, ONNX Runtime float32 and int8 and relax_tune int8 "
                              "(benchmarks/int8.py)")
+    parser.add_argument("--int8-float", action="store_true",
+                        help="--int8: also tune relax_tune float32 on the float ONNX file at "
+                             "the same budgets, and report int8 against it")
     parser.add_argument("--calibration", type=int, default=8,
                         help="--int8: random calibration inputs for the quantizer")
     parser.add_argument("--int8-steps", type=float, default=8.0,

@@ -14,7 +14,11 @@ static quantizer (QDQ, u8 activations, s8 weights per channel; calibrated on
 - ``relax_tune-int8(...)``: the QDQ file through ``load_model`` and the "relax_tune"
   pipeline (``lowering.int8``: integer kernels; ``Int8DotProduct`` where the target has an
   int8 dot-product instruction) at each budget of ``--trials``/``--trials-per-task``/
-  ``--max-time``, each in a fresh work_dir.
+  ``--max-time``, each in a fresh work_dir;
+- ``relax_tune-fp32(...)`` (``--int8-float``): the float ONNX file through the same pipeline
+  at the same budgets, so that the info line can say how much faster relax_tune's int8
+  model is than its float32 one, timed in the same rounds (issue 45's "2x where VNNI
+  exists").
 
 Correctness: each int8 row (relax_tune's and OpenVINO's) against ONNX Runtime's int8 output,
 in steps of the output's quantisation scale (flagged above ``--int8-steps``), and its max
@@ -98,21 +102,23 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
     runs += [(f"{args.max_time:g}s", {"max_time": args.max_time,
                                       "max_trials_global": args.max_time_trials})] \
         if args.max_time else []
-    for label, options in runs:
-        wd = os.path.join(root, f"{name}-int8-{label}")
-        log(f"{name}: relax_tune int8, {label}")
-        start = time.perf_counter()
-        try:
-            ex = tvm.compile(loaded.mod, target, relax_pipeline=loaded.compile_pipeline(
-                target, wd, cost_model=args.cost_model, **options))
-            wall = time.perf_counter() - start
-            rows.append(tvm_row(f"relax_tune-int8({label})", label, ex, inputs_np, wall))
-            log(f"  {wall:.0f} s")
-        except Exception as err:
-            rows.append(Row(f"relax_tune-int8({label})", label, None,
-                            tune_secs=time.perf_counter() - start,
-                            error=f"{type(err).__name__}: {err}"))
-            log(f"!!! {name}: relax_tune int8 {label} failed: {err}")
+    kinds = [("int8", loaded)] + ([("fp32", load_model(float_path))] if args.int8_float else [])
+    for kind, source in kinds:
+        for label, options in runs:
+            contender = f"relax_tune-{kind}({label})"
+            log(f"{name}: relax_tune {kind}, {label}")
+            start = time.perf_counter()
+            try:
+                ex = tvm.compile(source.mod, target, relax_pipeline=source.compile_pipeline(
+                    target, os.path.join(root, f"{name}-{kind}-{label}"),
+                    cost_model=args.cost_model, **options))
+                wall = time.perf_counter() - start
+                rows.append(tvm_row(contender, label, ex, inputs_np, wall))
+                log(f"  {wall:.0f} s")
+            except Exception as err:
+                rows.append(Row(contender, label, None, tune_secs=time.perf_counter() - start,
+                                error=f"{type(err).__name__}: {err}"))
+                log(f"!!! {name}: relax_tune {kind} {label} failed: {err}")
 
     ort_int8 = numpy_output(ort_int8_row.call())
     step = output_scale(qdq_path)
@@ -123,7 +129,8 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
         row.output = out
         row.max_abs = float(np.abs(out.astype(np.float64) - ref).max())
         row.max_rel = row.max_abs / (float(np.abs(ref).max()) or 1.0)
-        if (row.contender.startswith("relax_tune") or row.contender == "openvino") and step:
+        if (row.contender.startswith("relax_tune-int8") or row.contender == "openvino") \
+                and step:
             steps = float(np.abs(out - ort_int8).max()) / step
             row.mismatch = steps > args.int8_steps
             info += (f"\n  {row.contender}: {steps:.1f} steps (of {step:.3g}) from ONNX "
@@ -134,4 +141,18 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
         if row.call is not None and row.error is None:
             calibrate(row, args.min_secs)
     interleave(rows, args.rounds, args.pause)
-    return rows, info
+    return rows, info + int8_over_float(rows)
+
+
+def int8_over_float(rows: list[Row]) -> str:
+    """Info lines: each relax_tune int8 row against the relax_tune float32 row of the same
+    budget, the median of the per-round ratios (>1: int8 faster)."""
+    by_name = {row.contender: row for row in rows if row.samples}
+    lines = ""
+    for contender, row in by_name.items():
+        floaty = by_name.get(contender.replace("relax_tune-int8", "relax_tune-fp32"))
+        if contender.startswith("relax_tune-int8") and floaty is not None:
+            ratio = float(np.median([f / i for f, i in zip(floaty.samples, row.samples)]))
+            lines += (f"\n  {contender}: {ratio:.2f}x relax_tune float32 at the same budget "
+                      f"(median of per-round ratios)")
+    return lines
