@@ -39,6 +39,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .qoperator import qoperator_as_qdq
 from .utils import RelaxTuneError
 
 logger = logging.getLogger("relax_tune.model_loader")
@@ -129,6 +130,7 @@ def load_onnx(path: str, shape_dict: Mapping[str, list[int]] | None = None) -> L
         raise RelaxTuneError(f"{path!r} is not an ONNX model (no graph, no IR version): save "
                              "one with torch.onnx.export or onnx.save")
     _check_input_names(model, path, shape_dict)
+    model, _ = qoperator_as_qdq(model)  # ONNX Runtime's QOperator format, which TVM lacks
     try:
         mod = from_onnx(model, shape_dict=dict(shape_dict) if shape_dict else None)
     except Exception as err:  # unsupported operators, bad shapes, ...

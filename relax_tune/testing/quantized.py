@@ -96,11 +96,12 @@ def calibration_inputs(shape: tuple[int, ...], count: int = 8, name: str = "x",
 
 
 def quantize_qdq(float_path: str, qdq_path: str, inputs: list[dict[str, np.ndarray]],
-                 per_channel: bool = True, weight_type: str = "int8") -> str:
+                 per_channel: bool = True, weight_type: str = "int8",
+                 quant_format: str = "QDQ") -> str:
     """Quantize the ONNX model at ``float_path`` with ONNX Runtime's ``quantize_static``
-    (QDQ format, u8 activations, s8 weights (``weight_type="uint8"``: u8, asymmetric), per
-    channel unless told otherwise) calibrated on ``inputs``; write it to ``qdq_path`` and
-    return that path."""
+    (QDQ format, or ``quant_format="QOperator"``; u8 activations, s8 weights
+    (``weight_type="uint8"``: u8, asymmetric), per channel unless told otherwise) calibrated
+    on ``inputs``; write it to ``qdq_path`` and return that path."""
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
 
@@ -111,7 +112,7 @@ def quantize_qdq(float_path: str, qdq_path: str, inputs: list[dict[str, np.ndarr
         def get_next(self):
             return next(self._it, None)
 
-    quantize_static(float_path, qdq_path, _Reader(), quant_format=QuantFormat.QDQ,
+    quantize_static(float_path, qdq_path, _Reader(), quant_format=QuantFormat[quant_format],
                     per_channel=per_channel, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8 if weight_type == "int8" else QuantType.QUInt8)
     return qdq_path
