@@ -130,7 +130,10 @@ def load_onnx(path: str, shape_dict: Mapping[str, list[int]] | None = None) -> L
         raise RelaxTuneError(f"{path!r} is not an ONNX model (no graph, no IR version): save "
                              "one with torch.onnx.export or onnx.save")
     _check_input_names(model, path, shape_dict)
-    model, _ = qoperator_as_qdq(model)  # ONNX Runtime's QOperator format, which TVM lacks
+    try:  # ONNX Runtime's QOperator format, which TVM's importer does not read
+        model, _ = qoperator_as_qdq(model)
+    except Exception as err:  # noqa: BLE001 - a malformed node: the importer names it below
+        logger.warning("QOperator nodes of %r left as they are (%s)", path, _first_line(err))
     try:
         mod = from_onnx(model, shape_dict=dict(shape_dict) if shape_dict else None)
     except Exception as err:  # unsupported operators, bad shapes, ...
