@@ -1,7 +1,7 @@
 """A model compiled from a work_dir and OpenVINO, profiled per kernel in one process:
 
     python -m benchmarks.profile_vs_openvino <model.onnx> <work_dir> [--rounds 10]
-        [--calls 5] [--threads 2]
+        [--calls 5] [--threads 2] [--warm]
 
 relax_tune's side is ``relax_tune.profile.profile_model`` (every call the Relax VM makes,
 timed in place by its instrument hook); OpenVINO's is its own per-node profile
@@ -13,7 +13,8 @@ layer N of one reads against layer N of the other (kernels of ours also hold the
 neighbouring elementwise operators OpenVINO fuses as post-ops). The ONNX file may be a
 float or a QDQ model (the work_dir's records must be for the same file, as
 ``bench_real_models --work-root`` leaves them); every contender runs ``--threads``
-threads.
+threads. ``--warm`` adds a column: each kernel of ours called again at once with the same
+arguments (``profile_model(warm=True)``), what it would take with its data in cache.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--warm", action="store_true",
+                        help="also time each kernel of ours called again at once")
     parser.add_argument("--min-ms", type=float, default=0.005,
                         help="leave out calls below this many ms a run")
     args = parser.parse_args()
@@ -62,12 +65,15 @@ def main() -> None:
 
     whole: dict[str, list[float]] = {"relax_tune": [], "openvino": []}
     ours: dict[str, list[float]] = defaultdict(list)
+    again: dict[str, list[float]] = defaultdict(list)
     order: list[str] = []
     theirs: dict[tuple, float] = defaultdict(float)
     for _ in range(args.rounds):
         whole["relax_tune"] += timed(lambda: vm["main"](arg))
-        for kernel in profile_model(ex, [arg], runs=args.calls, warmup=1):
+        for kernel in profile_model(ex, [arg], runs=args.calls, warmup=1, warm=args.warm):
             ours[kernel.name].append(kernel.secs)
+            if kernel.warm_secs is not None:
+                again[kernel.name].append(kernel.warm_secs)
         whole["openvino"] += timed(lambda: request.infer({0: x}))
         for _ in range(args.calls):
             request.infer({0: x})
@@ -88,10 +94,15 @@ def main() -> None:
     for name, times in whole.items():
         print(f"whole model, {name}: {statistics.median(times) * 1e3:.3f} ms (median)")
     ours_ms = {k: statistics.median(v) * 1e3 for k, v in ours.items()}
-    print(f"\nrelax_tune, in execution order (sum {sum(ours_ms.values()):.3f} ms):")
+    again_ms = {k: statistics.median(v) * 1e3 for k, v in again.items()}
+    print(f"\nrelax_tune, in execution order (sum {sum(ours_ms.values()):.3f} ms"
+          + (f"; called again at once: {sum(again_ms.values()):.3f} ms of kernels" if again_ms
+             else "") + "):")
     for name in order:
         if ours_ms.get(name, 0) >= args.min_ms:
-            print(f"{ours_ms[name]:8.3f}  {name}")
+            warm = "" if not again_ms else \
+                f"{again_ms[name]:8.3f}  " if name in again_ms else " " * 10
+            print(f"{ours_ms[name]:8.3f}  {warm}{name}")
     print(f"\nOpenVINO, in execution order (sum {sum(theirs.values()) * 1e3:.3f} ms):")
     for (name, kind, primitive), secs in theirs.items():
         if secs * 1e3 >= args.min_ms:

@@ -6,6 +6,11 @@ it, so the whole model can run well over the sum of its tuned kernels (issue 43:
 on a Zen 3). ``profile_model`` times every call the Relax VM makes (kernels and the VM's
 builtins: allocation, reshape, ...) with the VM's instrument hook, over whole runs of the
 model, and ``compare_with_tasks`` sets the in-model times against the tasks' measured ones.
+With ``warm=True`` each kernel is also called a second time at once with the same arguments:
+the gap between the two is what cold data costs it in the model (weights streamed from
+memory, outputs written to lines not in cache). On the int8 ResNet-18 (Intel Xeon, 2
+threads): 2.05 ms as called against 1.57 ms called again, the 7x7 and 14x14 convolutions
+35-62% over their warm time (docs/results/int8-intel.md, session 9).
 
 The hook adds a Python call before and after each VM call (about a microsecond each), so
 the profile's total runs a little over the uninstrumented model: time the model alone for
@@ -32,14 +37,18 @@ class KernelTime:
     name: str
     calls: int
     secs: float
+    warm_secs: float | None = None  # the same calls repeated at once (``warm=True``)
 
 
 def profile_model(executable: Any, args: Sequence[Any], func_name: str = "main",
-                  runs: int = 10, warmup: int = 3, device: Any = None) -> list[KernelTime]:
+                  runs: int = 10, warmup: int = 3, device: Any = None,
+                  warm: bool = False) -> list[KernelTime]:
     """Time every call of ``func_name`` of ``executable`` (a ``tvm.compile``d Relax module)
     in place over ``runs`` whole runs on ``args`` (numpy arrays or TVM tensors), after
     ``warmup`` uninstrumented runs. Returns one ``KernelTime`` per called function, slowest
-    first."""
+    first. With ``warm``, each kernel (not the VM's builtins) is called again at once with
+    the same arguments and timed (``warm_secs``); an in-place kernel then runs twice, so the
+    profiled runs' results are not the model's."""
     dev = device or tvm.cpu()
     vm = relax.VirtualMachine(executable, dev)
     args = [a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(a, dev)
@@ -47,9 +56,11 @@ def profile_model(executable: Any, args: Sequence[Any], func_name: str = "main",
     for _ in range(warmup):
         vm[func_name](*args)
     per_run: dict[str, list[float]] = defaultdict(list)
+    warm_per_run: dict[str, list[float]] = defaultdict(list)
     counts: dict[str, int] = defaultdict(int)
     started: list[float] = []
     this_run: dict[str, float] = defaultdict(float)
+    this_warm: dict[str, float] = defaultdict(float)
 
     def instrument(func, name, before_run, ret_value, *call_args):  # noqa: ARG001
         if before_run:
@@ -57,15 +68,23 @@ def profile_model(executable: Any, args: Sequence[Any], func_name: str = "main",
         else:
             this_run[str(name)] += time.perf_counter() - started.pop()
             counts[str(name)] += 1
+            if warm and not str(name).startswith("vm.builtin"):
+                start = time.perf_counter()
+                func(*call_args)
+                this_warm[str(name)] += time.perf_counter() - start
         return 0  # VMInstrumentReturnKind.NO_OP: the call runs as usual
 
     vm.set_instrument(instrument)
     for _ in range(runs):
         this_run.clear()
+        this_warm.clear()
         vm[func_name](*args)
         for name, secs in this_run.items():
             per_run[name].append(secs)
-    out = [KernelTime(name, counts[name] // runs, _median(secs + [0.0] * (runs - len(secs))))
+        for name, secs in this_warm.items():
+            warm_per_run[name].append(secs)
+    out = [KernelTime(name, counts[name] // runs, _median(secs + [0.0] * (runs - len(secs))),
+                      _median(warm_per_run[name]) if warm_per_run.get(name) else None)
            for name, secs in per_run.items()]
     return sorted(out, key=lambda k: -k.secs)
 

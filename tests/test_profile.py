@@ -42,3 +42,19 @@ def test_profile_times_every_kernel_of_the_model_in_place(target, tmp_path):
     (row,) = [r for r in rows if base_name(r[0]) == tasks[0].task_name]
     assert row[3] == 1e-3 * tasks[0].weight
     assert all(r[3] is None for r in rows if base_name(r[0]) != tasks[0].task_name)
+
+
+def test_warm_profile_calls_each_kernel_again_and_leaves_builtins_alone(target, tmp_path):
+    """``warm=True``: every kernel also has its time called again at once with the same
+    arguments; the VM's builtins (allocation, ...) are not called twice."""
+    mod, _ = conv_net(channels=16, size=16)
+    arrays = model_inputs(mod)
+    inputs, weights = split_inputs(mod, arrays)
+    ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=str(tmp_path), params=weights,
+        max_trials_global=0))
+    profile = profile_model(ex, inputs, "forward", runs=3, warm=True)
+    kernels = [k for k in profile if not k.name.startswith("vm.builtin")]
+    assert kernels and all(k.warm_secs is not None and k.warm_secs > 0 for k in kernels)
+    assert all(k.warm_secs is None for k in profile if k.name.startswith("vm.builtin"))
+    assert all(k.warm_secs is None for k in profile_model(ex, inputs, "forward", runs=2))
