@@ -103,6 +103,34 @@ def compile_from_work_dir(model_path: str, work_dir: str) -> tuple[Any, np.ndarr
         target, work_dir, max_trials_global=0)), x
 
 
+def work_dir_parser(description: str, model: str, rounds: int, calls: int):
+    """The command line of a script that times a model compiled from a work_dir:
+    ``model work_dir [--rounds] [--calls] [--threads]`` (parse it, then call
+    ``work_dir_vm`` before anything imports tvm)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(model)
+    parser.add_argument("work_dir")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--calls", type=int, default=calls)
+    parser.add_argument("--threads", type=int, default=2)
+    return parser
+
+
+def work_dir_vm(model_path: str, work_dir: str, threads: int) -> tuple[Any, Any, Any, np.ndarray]:
+    """``(executable, vm, input tensor, input array)`` of ``compile_from_work_dir``, run by
+    ``threads`` TVM threads (set before tvm's thread pool starts)."""
+    import os
+
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    import tvm
+    from tvm import relax
+
+    ex, x = compile_from_work_dir(model_path, work_dir)
+    return ex, relax.VirtualMachine(ex, tvm.cpu()), tvm.runtime.tensor(x), x
+
+
 def import_tensor_intrin() -> None:
     """MetaSchedule's builder initializer: TVM's tensor intrinsics registered in the worker."""
     import tvm.s_tir.tensor_intrin  # noqa: F401 (registers intrinsics; slow: once per worker)

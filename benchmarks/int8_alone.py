@@ -13,32 +13,20 @@ Runtime's intra-op threads are both ``--threads``.
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import time
 
+from benchmarks.contenders import work_dir_parser, work_dir_vm
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("qdq")
-    parser.add_argument("work_dir")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=2)
+    parser = work_dir_parser(__doc__.splitlines()[0], "qdq", rounds=5, calls=20)
     parser.add_argument("--no-spin", action="store_true",
                         help="ONNX Runtime's intra-op threads do not spin after a run")
     args = parser.parse_args()
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    _, vm, arg, x = work_dir_vm(args.qdq, args.work_dir, args.threads)
     import onnxruntime as ort
-    import tvm
-    from tvm import relax
 
-    from benchmarks.contenders import compile_from_work_dir
-
-    ex, x = compile_from_work_dir(args.qdq, args.work_dir)
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    arg = tvm.runtime.tensor(x)
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = args.threads, 1
     if args.no_spin:

@@ -19,36 +19,25 @@ arguments (``profile_model(warm=True)``), what it would take with its data in ca
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import time
 from collections import defaultdict
 
+from benchmarks.contenders import work_dir_parser, work_dir_vm
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model")
-    parser.add_argument("work_dir")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--calls", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
+    parser = work_dir_parser(__doc__.splitlines()[0], "model", rounds=10, calls=5)
     parser.add_argument("--warm", action="store_true",
                         help="also time each kernel of ours called again at once")
     parser.add_argument("--min-ms", type=float, default=0.005,
                         help="leave out calls below this many ms a run")
     args = parser.parse_args()
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    ex, vm, arg, x = work_dir_vm(args.model, args.work_dir, args.threads)
     import openvino as ov
-    import tvm
-    from tvm import relax
 
-    from benchmarks.contenders import compile_from_work_dir
     from relax_tune.profile import profile_model
 
-    ex, x = compile_from_work_dir(args.model, args.work_dir)
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    arg = tvm.runtime.tensor(x)
     compiled = ov.Core().compile_model(args.model, "CPU", {
         "INFERENCE_NUM_THREADS": args.threads, "PERFORMANCE_HINT": "LATENCY",
         "PERF_COUNT": "YES"})

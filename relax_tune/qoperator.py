@@ -42,9 +42,7 @@ class _Graph:
     """The new nodes and constants of a rewrite, with fresh names."""
 
     def __init__(self, model: Any) -> None:
-        from onnx import numpy_helper
-
-        self.values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        self.constants = {i.name: i for i in model.graph.initializer}  # read when needed
         self.nodes: list = []
         self.initializers: list = []
         self.count = 0
@@ -74,9 +72,9 @@ class _Graph:
         """``factor * a * b`` (float32): a constant when both are, else ``Mul`` nodes."""
         from onnx import numpy_helper
 
-        if a in self.values and b in self.values:
-            value = (np.float32(factor) * self.values[a].astype(np.float32)
-                     * self.values[b].astype(np.float32)).astype(np.float32)
+        if a in self.constants and b in self.constants:
+            x, y = (numpy_helper.to_array(self.constants[n]).astype(np.float32) for n in (a, b))
+            value = (np.float32(factor) * x * y).astype(np.float32)
             name = self.name(base, "scale")
             self.initializers.append(numpy_helper.from_array(value, name))
             return name

@@ -26,22 +26,24 @@ from relax_tune.testing.workloads import symbolic_matmul
 HINTS = {"n": [16, 64]}
 
 
-def _bucket_records(work_dir: str, size: int, target) -> list:
-    """The records of the bucket at n=``size``, fastest (static) first, baseline excluded."""
+def _top_records(work_dir: str, size: int, target, k: int = 32) -> list:
+    """The ``k`` fastest (static) records of the bucket at n=``size``, baseline included."""
     db = WorkDir.of(work_dir).open_for_apply()
     workload = normalize_mod(dynamic.specialize(symbolic_matmul(), {"n": size}))
-    records = db.get_top_k(db.commit_workload(workload), 32, target)
-    return [r for r in records if not is_baseline(r)]
+    return db.get_top_k(db.commit_workload(workload), k, target)
+
+
+def _bucket_records(work_dir: str, size: int, target) -> list:
+    """The records of the bucket at n=``size``, fastest (static) first, baseline excluded."""
+    return [r for r in _top_records(work_dir, size, target) if not is_baseline(r)]
 
 
 def _ranked_records(work_dir: str, size: int, target, per_bucket: int = 3) -> list:
     """The records the ranker times for the bucket at n=``size``: the fastest (static) ones
     up to the untuned baseline, at most ``per_bucket`` (on a busy machine a few-trial record
     can time slower than the baseline, and is then not ranked)."""
-    db = WorkDir.of(work_dir).open_for_apply()
-    workload = normalize_mod(dynamic.specialize(symbolic_matmul(), {"n": size}))
-    records = db.get_top_k(db.commit_workload(workload), per_bucket, target)
-    return list(itertools.takewhile(lambda r: not is_baseline(r), records))
+    return list(itertools.takewhile(lambda r: not is_baseline(r),
+                                    _top_records(work_dir, size, target, per_bucket)))
 
 
 def _ranking_id(size: int) -> str:

@@ -47,7 +47,7 @@ def _pow2_at_least(n: int) -> int:
 def _plan(x_shape: list[int], w_shape: list[int], strides: list[int]) -> dict | None:
     """The column geometry of an NHWC image and OHWI weights, or None to leave it."""
     n, h, w, c = x_shape
-    o, kh, kw, ci = w_shape
+    _, kh, kw, ci = w_shape
     if ci != c or c > MAX_CHANNELS or kh * kw == 1:
         return None
     row = _pow2_at_least(kw * c)
@@ -56,7 +56,7 @@ def _plan(x_shape: list[int], w_shape: list[int], strides: list[int]) -> dict | 
     rows = -(-kh * row // GROUP_BYTES) * GROUP_BYTES // row  # window rows, padded
     sh, sw = strides
     oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
-    return dict(n=n, c=c, o=o, kh=kh, kw=kw, row=row, rows=rows, sh=sh, sw=sw, oh=oh, ow=ow,
+    return dict(n=n, c=c, row=row, rows=rows, sh=sh, sw=sw, oh=oh, ow=ow,
                 extra_h=max(0, (oh - 1) * sh + rows - h),
                 extra_w=max(0, (ow - 1) * sw + row // c - w))
 
