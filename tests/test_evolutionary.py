@@ -216,6 +216,46 @@ def test_the_builders_workers_replay_the_same_candidates(target, builder_pool):
         [c.key for c in here.next_candidates(4)]
 
 
+def test_a_space_of_few_programs_stops_after_a_dry_run_not_a_fail_streak(target):
+    """Three programs in the whole space: the first batch stops sampling after
+    ``MIN_TIMED_POOL``-odd replays that found nothing new, well before a ``max_fail_streak``
+    of 64 (124 replays before this rule; ResNet-18's pad and layout tasks spent 1-3 s each
+    of a no-measurement compile on such repeats)."""
+    a = te.placeholder((64, 64), "float32", name="A")
+    mod = normalize_mod(te.create_prim_func([a, te.compute((64, 64), lambda i, j: a[i, j] * 2.0,
+                                                           name="B")]))
+    search = EvolutionarySearch(mod, target, seed=1, context=SearchContext(
+        cost_model=PriorXGBModel()), ranked_pool=256, ranked_generations=0)
+    assert search.next_candidates(8)
+    assert search.stats["replays"] < 64, (search.stats, search.errors)
+
+
+def test_a_builders_replay_pool_gets_jobs_only_once_its_workers_have_started(target):
+    """``LocalBuilder.replay_pool``: before the workers answered, a search replays
+    everything here (nothing waits on a worker importing TVM) and the same candidates come
+    out; once they have, the pool is ready."""
+    from relax_tune.measure.local_builder import ReplayPool
+
+    builder = LocalBuilder(max_workers=1)
+    try:
+        idle = ReplayPool(builder)  # start() not called: never ready
+        assert not idle.ready
+        search = EvolutionarySearch(matmul(64), target, seed=5, ranked_pool=32,
+                                    context=SearchContext(cost_model=PriorXGBModel(),
+                                                          replay_pool=idle))
+        here = EvolutionarySearch(matmul(64), target, seed=5, ranked_pool=32,
+                                  context=SearchContext(cost_model=PriorXGBModel()))
+        assert [c.key for c in search.next_candidates(4)] == \
+            [c.key for c in here.next_candidates(4)]
+        assert search.replayer.stats["worker"] == 0 and builder._pool is None
+        pool = builder.replay_pool()
+        for started in builder._starting:
+            started.result(timeout=60)
+        assert pool.ready and pool.submit(int, "7").result(timeout=60) == 7
+    finally:
+        builder.shutdown()
+
+
 def test_replays_stay_here_when_the_pool_is_gone(target):
     """A pool shut down under the search (a builder closed early): the search replays
     everything itself and still returns candidates."""

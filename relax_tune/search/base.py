@@ -56,9 +56,9 @@ class SearchContext:
         task_name: the task's name, for logs (the task's when only ``task`` is given).
         task: the task being searched (``relax_tune.tuning.extract.Task``: name, weight, workload),
             or None when a search is used on its own.
-        replay_pool: the builder's worker pool (``LocalBuilder.pool``), whose idle workers
-            may replay the search's candidates (``replayer.Replayer``); None: all in this
-            process.
+        replay_pool: the builder's workers (``LocalBuilder.replay_pool``), which replay
+            the search's candidates when idle and started (``replayer.Replayer``); None:
+            all in this process.
         pool_secs: seconds the search may spend growing one pool (None: no limit). A
             session with a time limit gives each task a share of it, so that a large
             model's first pools do not take the whole limit before any candidate is built.

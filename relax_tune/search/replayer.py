@@ -166,7 +166,8 @@ class Replayer:
         target: the target the candidates are for.
         space: the design space (``space_for_target(target)``).
         pool: a ``PopenPoolExecutor`` whose workers run ``measure/_worker.py``'s code (the
-            ``LocalBuilder``'s), or None to replay everything here.
+            ``LocalBuilder``'s ``replay_pool``), or None to replay everything here. A pool
+            with a ``ready`` property gets jobs only while it is true.
         group: jobs per worker call (a call costs ~1 ms of transport).
     """
 
@@ -205,7 +206,7 @@ class Replayer:
 
     def replay(self, jobs: list[Job]) -> list[Outcome]:
         """One outcome per job, in order; the same whichever process replays a job."""
-        if self.pool is None or len(jobs) <= self.group:
+        if self.pool is None or len(jobs) <= self.group or not getattr(self.pool, "ready", True):
             return [self._local(job) for job in jobs]
         groups = [jobs[i:i + self.group] for i in range(0, len(jobs), self.group)]
         try:

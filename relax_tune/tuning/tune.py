@@ -236,7 +236,7 @@ def pool_time(tasks: Sequence[Task], max_time: float | None) -> list[float | Non
 def _pool_of(builder: object) -> object:
     """The builder's worker pool, for the searches' replays (None: not a LocalBuilder)."""
     try:
-        return builder.pool if isinstance(builder, LocalBuilder) else None
+        return builder.replay_pool() if isinstance(builder, LocalBuilder) else None
     except RuntimeError:  # shut down: its builds fail on their own, the replays stay here
         return None
 
