@@ -6,7 +6,9 @@
 relax_tune's side is ``relax_tune.profile.profile_model`` (every call the Relax VM makes,
 timed in place by its instrument hook); OpenVINO's is its own per-node profile
 (``PERF_COUNT``: each executed node's real time, the node type and the primitive it ran,
-``brgconv_avx512_amx_I8`` and the like). The two run in interleaved blocks of ``--calls``
+``brgconv_avx512_amx_I8`` and the like; a float file is compiled with
+``INFERENCE_PRECISION_HINT=f32``, as in the benchmark: on AMX CPUs OpenVINO runs a float
+model in bf16 otherwise). The two run in interleaved blocks of ``--calls``
 calls, ``--rounds`` times, so both see the same state of a drifting machine; the whole
 model is timed uninstrumented in the same blocks. Both lists come in execution order, so
 layer N of one reads against layer N of the other (kernels of ours also hold the
@@ -26,6 +28,15 @@ from collections import defaultdict
 from benchmarks.contenders import work_dir_parser, work_dir_vm
 
 
+def quantized(path: str) -> bool:
+    """Whether the ONNX file holds quantized operators (QDQ or QOperator)."""
+    import onnx
+
+    graph = onnx.load(path, load_external_data=False).graph
+    return any(node.op_type in ("QuantizeLinear", "DequantizeLinear")
+               or node.op_type.startswith("QLinear") for node in graph.node)
+
+
 def main() -> None:
     parser = work_dir_parser(__doc__.splitlines()[0], "model", rounds=10, calls=5)
     parser.add_argument("--warm", action="store_true",
@@ -38,9 +49,11 @@ def main() -> None:
 
     from relax_tune.profile import profile_model
 
-    compiled = ov.Core().compile_model(args.model, "CPU", {
-        "INFERENCE_NUM_THREADS": args.threads, "PERFORMANCE_HINT": "LATENCY",
-        "PERF_COUNT": "YES"})
+    config = {"INFERENCE_NUM_THREADS": args.threads, "PERFORMANCE_HINT": "LATENCY",
+              "PERF_COUNT": "YES"}
+    if not quantized(args.model):  # as the benchmark: a float model stays float32 (without
+        config["INFERENCE_PRECISION_HINT"] = "f32"  # the hint, AMX CPUs run it in bf16)
+    compiled = ov.Core().compile_model(args.model, "CPU", config)
     request = compiled.create_infer_request()
 
     def timed(call) -> list[float]:

@@ -134,13 +134,14 @@ class ColumnsForFewChannels:
         builder = relax.BlockBuilder(mod)
         pattern = is_op("relax.nn.conv2d")(wildcard(), is_const())
         changed = {}
+        functions = len(mod.functions)
         for gv, func in mod.functions.items():
             if isinstance(func, relax.Function):
                 new = rewrite_call(pattern, lambda e, _m: _rewrite(e, builder), func)
                 if not new.same_as(func):
                     changed[gv] = new
-        if not changed:
-            return mod
+        if not changed or len(builder.get().functions) == functions:
+            return mod  # nothing on columns (rewrite_call may rebuild a function unchanged)
         out = builder.get()
         for gv, func in changed.items():
             out.update_func(gv, func)
