@@ -314,3 +314,18 @@ def test_random_inputs_keep_a_constant_index_in_bounds():
     values = np.concatenate([_worker.random_inputs([["TENSOR", "int32", [64]]], tvm.cpu(),
                                                    seed=s)[0].numpy() for s in range(4)])
     assert set(values.tolist()) == {0, 1, 2, 3}
+
+
+def test_workers_start_without_pytorch(builder, runner):
+    """The build and run workers never load PyTorch (TVM's FFI imports it when installed:
+    seconds and hundreds of MB per worker), and an import of it there says why it fails;
+    this process keeps its own environment."""
+    pytest.importorskip("torch")  # without PyTorch installed there is nothing to keep out
+    before = os.environ.get("PYTHONPATH")
+    import importlib
+
+    for pool in (builder.pool, runner.pool):
+        with pytest.raises(ImportError, match="workers run without PyTorch"):
+            pool.submit(importlib.import_module, "torch").result(timeout=120)
+    assert os.environ.get("PYTHONPATH") == before
+    import torch  # noqa: F401 - here it still imports

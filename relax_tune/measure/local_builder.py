@@ -14,13 +14,13 @@ from concurrent.futures import Future, wait
 
 import tvm
 from tvm.s_tir import Trace
-from tvm.support.popen_pool import PopenPoolExecutor
 
 from ..utils import RelaxTuneError, normalize_mod, parse_target, to_plain, trace_to_json
 from . import _worker, cross, prepack
 from .base import (ERROR_CRASHED, ERROR_NOT_BUILT, ERROR_TIMEOUT, Builder, BuildResult,
                    BuildsDone, logger,
                    short_error, shutdown_pool, worker_import_error, worker_output)
+from .worker_pool import WorkerPool
 
 
 def _available_cores() -> int:
@@ -85,7 +85,7 @@ class LocalBuilder(Builder):
             os.makedirs(artifact_dir, exist_ok=True)
             self.artifact_dir = os.path.abspath(artifact_dir)
             self._owns_dir = False
-        self._pool: PopenPoolExecutor | None = None
+        self._pool: WorkerPool | None = None
         self._lock = threading.Lock()
         self._counter = itertools.count()
         self._session = uuid.uuid4().hex[:8]
@@ -93,14 +93,14 @@ class LocalBuilder(Builder):
         self._starting: list[Future] = []
 
     @property
-    def pool(self) -> PopenPoolExecutor:
+    def pool(self) -> WorkerPool:
         """The worker pool (started on first use). Tasks submitted here run in the same
         persistent workers as the builds."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("this LocalBuilder has been shut down")
             if self._pool is None:
-                self._pool = PopenPoolExecutor(
+                self._pool = WorkerPool(
                     max_workers=self.max_workers, timeout=self.timeout_sec,
                     initializer=_worker.init_worker,
                     stdout=worker_output(), stderr=worker_output())

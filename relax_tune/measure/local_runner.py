@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tvm.support.popen_pool import PopenPoolExecutor
 
 from ..utils import RelaxTuneError, parse_target
 from . import _worker, cross
 from .base import (ERROR_CRASHED, ERROR_TIMEOUT, MeasureError, Runner, RunResult, logger,
                    short_error, shutdown_pool, worker_import_error, worker_output)
+from .worker_pool import WorkerPool
 
 _DEFAULT_SEED = 42
 _MIN_CUT_SECS = 1e-3
@@ -114,19 +114,19 @@ class LocalRunner(Runner):
         self.near_ratio = float(near_ratio)
         self.seed = _DEFAULT_SEED
         self._memo: OrderedDict[tuple[str, str, int], list[np.ndarray]] = OrderedDict()
-        self._pool: PopenPoolExecutor | None = None
+        self._pool: WorkerPool | None = None
         self._lock = threading.Lock()
         self._closed = False
         self._starting: list[Future] = []
 
     @property
-    def pool(self) -> PopenPoolExecutor:
+    def pool(self) -> WorkerPool:
         """The single-worker pool (started on first use)."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("this LocalRunner has been shut down")
             if self._pool is None:
-                self._pool = PopenPoolExecutor(
+                self._pool = WorkerPool(
                     max_workers=1, timeout=self.timeout_sec, initializer=_worker.init_worker,
                     stdout=worker_output(), stderr=worker_output())
             return self._pool
