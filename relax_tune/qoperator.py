@@ -15,15 +15,17 @@ alike:
     QLinearAdd / QLinearMul (A, As, Az, B, Bs, Bz, Cs, Cz) -> Q(Add / Mul(DQ(A), DQ(B)), Cs, Cz)
     QLinearGlobalAveragePool(X, xs, xz, ys, yz), NCHW -> Q(GlobalAveragePool(DQ(X)), ys, yz)
     QLinearSoftmax(X, xs, xz, ys, yz), opset >= 13 -> Q(Softmax(DQ(X)), ys, yz)
+    QLinearAveragePool / QLinearLeakyRelu / QLinearSigmoid (X, xs, xz, ys, yz)
+        -> Q(AveragePool (NCHW) / LeakyRelu / Sigmoid(DQ(X)), ys, yz)
+    QLinearConcat(ys, yz, X1, x1s, x1z, X2, ...) -> Q(Concat(DQ(X1), DQ(X2), ...), ys, yz)
     QGemm(A, as, az, B, bs, bz, C, ys, yz)
         -> Q(Gemm(DQ(A), DQ(B), DQ(C, alpha * as * bs)), ys, yz)   (float output without ys)
     MatMulIntegerToFloat(A, B, as, bs, az, bz, bias) -> MatMul(DQ(A), DQ(B)) + bias
 
 The int32 bias's scale (``xs * ws``, as ONNX Runtime's QDQ format writes it) is computed
 here when both scales are constants, else by a ``Mul`` node. Other QOperator nodes
-(``QLinearConcat``, ``QLinearLeakyRelu``, ``QLinearSigmoid``, channels-last pooling, the
-dynamic ``ConvInteger`` / ``MatMulInteger``, ...) are left as they are, and TVM's importer
-names them.
+(channels-last pooling, the dynamic ``ConvInteger`` / ``MatMulInteger``, ...) are left as
+they are, and TVM's importer names them.
 """
 
 from __future__ import annotations
@@ -139,6 +141,26 @@ def _unary(op: str, allowed):
     return rewrite
 
 
+def _concat(g: _Graph, node) -> bool:
+    ys, yz, *inputs = list(node.input)
+    if len(inputs) % 3:
+        return False  # each input comes with its scale and zero point
+    base = node.output[0]
+    parts = [g.dq(x, xs, xz, base) for x, xs, xz in zip(*[iter(inputs)] * 3)]
+    g.q(g.node("Concat", parts, base, "concat", axis=_attrs(node)["axis"]), ys, yz, base)
+    return True
+
+
+_POOL_ATTRS = ("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides")
+
+
+def _pool_attrs(attrs: dict) -> dict | None:
+    """AveragePool's attributes of a QLinearAveragePool (None: channels-last, left alone)."""
+    if attrs.get("channels_last", 0):
+        return None
+    return {k: attrs[k] for k in _POOL_ATTRS if k in attrs}
+
+
 def _gemm(g: _Graph, node) -> bool:
     a, as_, az, b, bs, bz, c, ys, yz = (_arg(node, i) for i in range(9))
     attrs = _attrs(node)
@@ -176,6 +198,10 @@ _REWRITES = {
         "GlobalAveragePool", lambda a: {} if not a.get("channels_last", 0) else None),
     (MS, "QLinearSoftmax"): _unary(
         "Softmax", lambda a: {"axis": a.get("axis", -1)} if a.get("opset", 13) >= 13 else None),
+    (MS, "QLinearAveragePool"): _unary("AveragePool", _pool_attrs),
+    (MS, "QLinearLeakyRelu"): _unary("LeakyRelu", lambda a: {"alpha": a.get("alpha", 0.01)}),
+    (MS, "QLinearSigmoid"): _unary("Sigmoid", lambda a: {}),
+    (MS, "QLinearConcat"): _concat,
     (MS, "QGemm"): _gemm,
     (MS, "MatMulIntegerToFloat"): _matmul_to_float,
 }

@@ -40,7 +40,8 @@ try:  # the model tests need both; the instruction tests below run without them
     import onnxruntime as ort
     from onnxruntime import quantization as _  # noqa: F401
 
-    from relax_tune.testing.quantized import block_model, cnn_model, save_quantized
+    from relax_tune.testing.quantized import (block_model, branch_model, cnn_model,
+                                              save_quantized)
 except ImportError:
     onnx = ort = None
 needs_ort = pytest.mark.skipif(ort is None, reason="needs onnx and onnxruntime")
@@ -289,6 +290,36 @@ def test_qoperator_models_are_read_as_qdq_and_match_onnx_runtime(name, target, t
         {i.name: i for i in qop.graph.initializer}[last.input[1]]))
     steps = np.abs(got - _ort(path, x)) / step
     assert steps.max() <= STEPS[name] + 1e-3, f"{steps.max():.2f} steps from ONNX Runtime"
+
+
+@needs_ort
+def test_qoperator_activations_pooling_and_concat_match_onnx_runtime(target, tmp_path):
+    """QLinearLeakyRelu, QLinearSigmoid, QLinearConcat and QLinearAveragePool, as ONNX
+    Runtime's quantizer writes them, become their QDQ groups: nothing of the com.microsoft
+    domain is left, and the compiled model computes ONNX Runtime's QOperator output within
+    2 steps (its activations are lookup tables of the same float functions, its pooling
+    rounds its integer mean)."""
+    from relax_tune.qoperator import qoperator_as_qdq
+
+    model = branch_model()
+    _, path = save_quantized(model, str(tmp_path), "branch", quant_format="QOperator")
+    qop = onnx.load(path)
+    wanted = {"QLinearLeakyRelu", "QLinearSigmoid", "QLinearConcat", "QLinearAveragePool"}
+    assert wanted <= {n.op_type for n in qop.graph.node}
+    qdq, rewritten = qoperator_as_qdq(qop)
+    assert rewritten >= len(wanted) and not [n.op_type for n in qdq.graph.node
+                                             if n.op_type.startswith("QLinear")]
+    assert all(o.domain != "com.microsoft" for o in qdq.opset_import)
+    loaded = load_model(path)
+    pipe = loaded.compile_pipeline(target, str(tmp_path / "wd"), max_trials_global=0)
+    ex = tvm.compile(loaded.mod, target, relax_pipeline=pipe)
+    x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype("float32")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    last = [n for n in qop.graph.node if n.op_type == "DequantizeLinear"][-1]  # the output's
+    step = float(onnx.numpy_helper.to_array(
+        {i.name: i for i in qop.graph.initializer}[last.input[1]]))
+    steps = np.abs(got - _ort(path, x)) / step
+    assert steps.max() <= 2 + 1e-3, f"{steps.max():.2f} steps from ONNX Runtime"
 
 
 @needs_ort

@@ -82,6 +82,35 @@ def block_model(seq: int = 8, dim: int = 32, hidden: int = 64):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def branch_model(channels: int = 8, size: int = 16):
+    """conv3x3(3->c) -> LeakyRelu and conv3x3(3->c) -> Sigmoid, concatenated (2c channels)
+    -> average pool 2x2 (stride 2) -> conv1x1(2c->c), input ``x`` of shape
+    ``(1, 3, size, size)``: the operators ONNX Runtime's QOperator format writes as
+    QLinearLeakyRelu, QLinearSigmoid, QLinearConcat and QLinearAveragePool (opset 17)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    inits = {"wa": _w(rng, channels, 3, 3, 3), "ba": _w(rng, channels),
+             "wb": _w(rng, channels, 3, 3, 3), "bb": _w(rng, channels),
+             "wc": _w(rng, channels, 2 * channels, 1, 1), "bc": _w(rng, channels)}
+    nodes = [
+        helper.make_node("Conv", ["x", "wa", "ba"], ["ca"], pads=[1, 1, 1, 1]),
+        helper.make_node("LeakyRelu", ["ca"], ["a"], alpha=0.1),
+        helper.make_node("Conv", ["x", "wb", "bb"], ["cb"], pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["cb"], ["b"]),
+        helper.make_node("Concat", ["a", "b"], ["ab"], axis=1),
+        helper.make_node("AveragePool", ["ab"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p", "wc", "bc"], ["y"]),
+    ]
+    half = size // 2
+    graph = helper.make_graph(
+        nodes, "branch",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, half, half])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def calibration_inputs(shape: tuple[int, ...], count: int = 8, name: str = "x",
                        seed: int = 0, like: np.ndarray | None = None
                        ) -> list[dict[str, np.ndarray]]:
