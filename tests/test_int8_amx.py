@@ -287,3 +287,26 @@ def test_the_first_batch_leads_with_one_candidate_of_each_tensorizing_sketch():
     leads = tensorized_leads(ranked, sketches)
     assert [e.sketch for e in leads] == [tensorizing[0], *reversed(tensorizing[1:])]
     assert leads[0].rank == 0  # each sketch's best-ranked one
+
+
+def test_parsed_scripts_are_kept_on_disk_and_a_bad_entry_is_parsed_again(tmp_path, monkeypatch):
+    """``script_cache.parse_script``: the second parse of a text loads the first one's JSON
+    (the same function); a damaged entry is parsed again and rewritten; a cache folder that
+    cannot be made leaves the parse as it was."""
+    import tvm_ffi
+
+    from relax_tune.space.cpu import script_cache
+
+    text = ("@T.prim_func\ndef f(a: T.Buffer((4,), \"float32\"), b: T.Buffer((4,), \"float32\")):\n"
+            "    for i in range(4):\n        b[i] = a[i] * T.float32(2)\n")
+    monkeypatch.setenv("RELAX_TUNE_CACHE_DIR", str(tmp_path / "cache"))
+    first = script_cache.parse_script(text, {"T": T})
+    [entry] = (tmp_path / "cache" / "scripts").iterdir()
+    again = script_cache.parse_script(text, {"T": T})
+    assert tvm_ffi.structural_equal(first, again)
+    entry.write_text("{not json")
+    assert tvm_ffi.structural_equal(script_cache.parse_script(text, {"T": T}), first)
+    assert entry.read_text().startswith("{") and "not json" not in entry.read_text()
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("RELAX_TUNE_CACHE_DIR", str(tmp_path / "file"))  # not a folder
+    assert tvm_ffi.structural_equal(script_cache.parse_script(text, {"T": T}), first)

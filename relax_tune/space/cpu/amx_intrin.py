@@ -52,6 +52,8 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 from tvm.target import codegen
 
+from .script_cache import parse_script
+
 FEATURES = ("amx-tile", "amx-int8")
 """The LLVM target features an AMX int8 kernel needs."""
 MNEMONIC = "tdpbusd"
@@ -257,8 +259,7 @@ def register(name: str) -> None:
     try:
         TensorIntrin.get(name, allow_missing=False)
     except Exception:  # noqa: BLE001 - not registered yet
-        desc, impl = (tvm.script.from_source(text, extra_vars={"T": T})
-                      for text in _source(tile))
+        desc, impl = (parse_script(text, {"T": T}) for text in _source(tile))
         TensorIntrin.register(name, desc, impl)
 
 
