@@ -12,10 +12,9 @@ Each ``next_candidates`` call:
    batch starts with one of each sketch that tensorizes (``sketch_leads``).
 
 Steps 1 and 2 end early after ``max_fail_streak`` invalid or duplicate samples (mutants) in
-a row: the space of an elementwise function holds a few programs. Step 1 ends sooner, after
-``MIN_TIMED_POOL`` samples that found nothing new and half of them repeats: its chunks start
-at ``MIN_TIMED_POOL`` and grow with what they find (ResNet-18's pad and layout tasks had
-replayed 34-71 repeats each, 1-3 s of its no-measurement compile).
+a row; step 1 sooner, after ``MIN_TIMED_POOL`` samples with nothing new, half of them repeats
+(its chunks start at ``MIN_TIMED_POOL`` and grow with what they find): the space of an
+elementwise function holds a few programs (docs/design/time-budget.md).
 
 The first call for a task whose candidates the cost model already ranks (the pre-trained
 model; or a model trained on other tasks) and that has no measured candidate yet grows a
@@ -24,17 +23,14 @@ larger pool: ``ranked_pool`` fresh samples and ``ranked_generations`` rounds of
 first candidates are all the measurements most tasks of a real model get, and a model
 that ranks before the first trial is worth most when it screens many candidates.
 
-That pool is mostly fresh samples (512, and one round of 64 mutants): mutation rounds of the
-best-predicted take the model's preferences to their extreme, and on a CPU it was not
-trained on those are where it is most wrong (the register tiles it learnt on another CPU).
-Fresh samples replay slower than mutants, so the pool costs some tuning time.
+That pool is mostly fresh samples (512, one round of 64 mutants): mutation rounds take the
+model's preferences to their extreme, where on a CPU it was not trained on it is most wrong
+(the register tiles it learnt on another); fresh samples replay slower than mutants.
 
 With ``small_pool_share`` above 0 (default 0: off), that share of the first batch is the
-best-predicted of a small pool grown first within it (``SMALL_POOL``: 64 fresh samples, 2
-rounds of 32 mutants), the rest the best of the whole pool. The best-predicted of many
-candidates are where the model is most wrong, and a smaller pool's best are a hedge. Off by
-default: where the first batch is all a task gets (a whole model at 8 trials per task),
-convolutions lose half of it to the small pool.
+best-predicted of a small pool grown first (``SMALL_POOL``), a hedge against the model's
+errors at the extremes of a large pool; off because convolutions lost half of their only
+batch to it (a whole model at 8 trials per task).
 
 The measurements behind these choices: docs/design/first-pool.md.
 
@@ -45,11 +41,10 @@ the close, faithfully refitted ones of this machine's class are ``best_predicted
 answer, ahead of the model's (``MAX_APPLY_DISTANCE``, ``MIN_APPLY_KEPT``).
 
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
-builds (they overlap the builds); the call then only re-scores the pool with the model that
-has learnt that batch, and selects. Their replays go in chunks to a ``Replayer``
-(``replayer.py``), which shares them with the builder's idle worker processes when the
-context gives it their pool (``SearchContext.replay_pool``); the candidates are the same
-either way.
+builds; the call then only re-scores the pool with the model that has learnt that batch,
+and selects. Their replays go in chunks to a ``Replayer`` (``replayer.py``), which shares
+them with the builder's idle, started workers (``SearchContext.replay_pool``); the
+candidates are the same either way.
 
 Nothing already measured, excluded or returned before is ever returned, and no two returned
 candidates lower to the same program. Without a cost model, scores are random.
@@ -324,9 +319,8 @@ class EvolutionarySearch(SearchStrategy):
                 and not (added >= MIN_TIMED_POOL and self._clock.out_of_time()):
             if dry >= MIN_TIMED_POOL and 2 * dry_repeats >= dry:
                 break  # nothing new for a while, half of it repeats: a space of few programs
-            # never more jobs than candidates still wanted: in this process every job
-            # replayed past the count is wasted. Chunks start small and grow with what
-            # they find, so a space of few programs shows itself after a few replays
+            # never more jobs than candidates still wanted (every job replayed here past the
+            # count is wasted); small chunks first: a space of few programs shows at once
             size = self._chunk(min(cap - attempts, count - added, MIN_TIMED_POOL + 2 * added),
                                MIN_TIMED_POOL - added)
             jobs = [Job(self._sketch_ids[int(self.rng.integers(len(self._sketch_ids)))], [],
