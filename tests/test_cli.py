@@ -268,17 +268,19 @@ def test_tune_max_time_and_scheduler_reach_the_tuner(onnx_model, tmp_path, capsy
     path, _ = onnx_model
     wd = str(tmp_path / "wd")
     config = cli._tune_config(cli.build_parser().parse_args(
-        ["tune", path, "--work-dir", wd, "--trials", "2000", "--max-time", "3",
+        ["tune", path, "--work-dir", wd, "--trials", "2000", "--max-time", "8",
          "--scheduler", "round-robin"]))
-    assert (config.max_time, config.task_scheduler) == (3.0, "round-robin")
+    assert (config.max_time, config.task_scheduler) == (8.0, "round-robin")
     start = __import__("time").perf_counter()
     code, out, err = run_cli(capsys, "tune", path, "--work-dir", wd, "--trials", "2000",
-                             "--trials-per-iter", "4", "--max-time", "3",
+                             "--trials-per-iter", "4", "--max-time", "8",
                              "--scheduler", "round-robin")
     assert code == 0, err
     # 2000 trials take many minutes: stopping within the limit shows --max-time reached
-    # the tuner (under heavy load the baselines alone may use up 3 s, hence >= 0)
+    # the tuner. 8 s, not 3: the limit counts the session's fixed costs too (the shipped
+    # library's read, the searches, the predictions: 3-4 s when this test runs first in
+    # its process), and both tasks' first batches come after them
     records = JSONDatabase(work_dir=wd).get_all_tuning_records()
-    assert sum(is_baseline(r) for r in records) == 2  # timed before the clock is checked
+    assert sum(is_baseline(r) for r in records) == 2  # both tasks' first batches
     assert len(records) - 2 < 200
     assert __import__("time").perf_counter() - start < 120

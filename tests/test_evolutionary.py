@@ -231,9 +231,9 @@ def test_a_space_of_few_programs_stops_after_a_dry_run_not_a_fail_streak(target)
 
 
 def test_a_builders_replay_pool_gets_jobs_only_once_its_workers_have_started(target):
-    """``LocalBuilder.replay_pool``: before the workers answered, a search replays
-    everything here (nothing waits on a worker importing TVM) and the same candidates come
-    out; once they have, the pool is ready."""
+    """``LocalBuilder.replay_pool``: before the workers are started and have answered, a
+    search replays everything here (nothing waits on a worker importing TVM) and the same
+    candidates come out; once they have, the pool is ready."""
     from relax_tune.measure.local_builder import ReplayPool
 
     builder = LocalBuilder(max_workers=1)
@@ -249,6 +249,8 @@ def test_a_builders_replay_pool_gets_jobs_only_once_its_workers_have_started(tar
             [c.key for c in here.next_candidates(4)]
         assert search.replayer.stats["worker"] == 0 and builder._pool is None
         pool = builder.replay_pool()
+        assert not pool.ready  # not started yet
+        builder.start()
         for started in builder._starting:
             started.result(timeout=60)
         assert pool.ready and pool.submit(int, "7").result(timeout=60) == 7

@@ -120,9 +120,9 @@ class LocalBuilder(Builder):
         return bool(self._starting) and all(f.done() for f in self._starting)
 
     def replay_pool(self) -> ReplayPool:
-        """The workers for the searches' replays (``SearchContext.replay_pool``), started
-        now; the searches hand them jobs once they are up (``ReplayPool.ready``)."""
-        self.start()
+        """The workers for the searches' replays (``SearchContext.replay_pool``): the
+        searches hand them jobs once ``start`` has started them and they are up
+        (``ReplayPool.ready``)."""
         return ReplayPool(self)
 
     def link_mode(self, target: tvm.target.Target | str | dict) -> str:

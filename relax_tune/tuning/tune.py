@@ -178,6 +178,9 @@ def _predict_only(tasks: Sequence[Task], families: list[Family], wd: WorkDir | N
     progress = Progress(0, wd.log_file, enable_bar=False)
     try:
         states = _states(leaders, db, cfg, model, _pool_of(builder), budget)
+        # after the searches are made: workers booting beside them slowed them by half
+        # (the shipped library read 0.9 -> 1.9 s); the replays use them once they are up
+        builder.start()
         deadline = None if cfg.max_time is None else start + cfg.max_time
         count = predict_schedules(states, wd.open_predicted(create=True), deadline)
         for st in states:
