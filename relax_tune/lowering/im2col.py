@@ -140,9 +140,9 @@ class ColumnsForFewChannels:
                 new = rewrite_call(pattern, lambda e, _m: _rewrite(e, builder), func)
                 if not new.same_as(func):
                     changed[gv] = new
-        if not changed or len(builder.get().functions) == functions:
-            return mod  # nothing on columns (rewrite_call may rebuild a function unchanged)
         out = builder.get()
+        if not changed or len(out.functions) == functions:
+            return mod  # nothing on columns (rewrite_call may rebuild a function unchanged)
         for gv, func in changed.items():
             out.update_func(gv, func)
         logger.info("convolutions of few channels on im2col columns in %d function(s)",

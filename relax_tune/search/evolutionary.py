@@ -313,11 +313,11 @@ class EvolutionarySearch(SearchStrategy):
 
     def _sample_fresh(self, count: int, exclude: set[str] | frozenset[str]) -> int:
         added, attempts, streak = 0, 0, 0
-        dry, dry_repeats = 0, 0  # replays since the last new program, repeats among them
+        repeats = 0  # among the replays since the last new program (``streak``)
         cap = 4 * count + 8
         while added < count and attempts < cap and streak < self.max_fail_streak \
                 and not (added >= MIN_TIMED_POOL and self._clock.out_of_time()):
-            if dry >= MIN_TIMED_POOL and 2 * dry_repeats >= dry:
+            if streak >= MIN_TIMED_POOL and 2 * repeats >= streak:
                 break  # nothing new for a while, half of it repeats: a space of few programs
             # never more jobs than candidates still wanted (every job replayed here past the
             # count is wasted); small chunks first: a space of few programs shows at once
@@ -327,14 +327,13 @@ class EvolutionarySearch(SearchStrategy):
                         self._seed()) for _ in range(size)]
             for job, out in zip(jobs, self._replay(jobs)):
                 attempts += 1
-                repeats = self._repeats
+                before = self._repeats
                 if self._add(job, out, exclude):
                     added += 1
-                    streak = dry = dry_repeats = 0
+                    streak = repeats = 0
                 else:
                     streak += 1
-                    dry += 1
-                    dry_repeats += self._repeats - repeats
+                    repeats += self._repeats - before
                 if added >= count or streak >= self.max_fail_streak:
                     break
         self.stats["fresh"] += added

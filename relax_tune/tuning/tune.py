@@ -237,11 +237,9 @@ def pool_time(tasks: Sequence[Task], max_time: float | None) -> list[float | Non
 
 
 def _pool_of(builder: object) -> object:
-    """The builder's worker pool, for the searches' replays (None: not a LocalBuilder)."""
-    try:
-        return builder.replay_pool() if isinstance(builder, LocalBuilder) else None
-    except RuntimeError:  # shut down: its builds fail on their own, the replays stay here
-        return None
+    """The builder's workers, for the searches' replays (None: not a LocalBuilder). Nothing
+    starts here; a builder shut down later leaves the replays here (``Replayer``)."""
+    return builder.replay_pool() if isinstance(builder, LocalBuilder) else None
 
 
 def tune_tir(mod: tvm.IRModule | tvm.tirx.PrimFunc, target=None, work_dir: str | None = None,
