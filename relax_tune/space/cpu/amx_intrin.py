@@ -292,7 +292,9 @@ def has_amx(target: tvm.target.Target | None) -> bool:
     except Exception:  # noqa: BLE001 - a target LLVM cannot describe
         return False
     try:
-        host = tvm.target.Target({"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu())})
+        from ...utils import host_target_config
+
+        host = tvm.target.Target(host_target_config())
         host_has = all(codegen.target_has_features(f, host) for f in FEATURES)
     except Exception:  # noqa: BLE001 - not an x86 host
         host_has = False
