@@ -107,17 +107,28 @@ def target_compatible(record_target: tvm.target.Target | dict | None,
     """True when a schedule tuned for ``record_target`` may be used for ``query_target``.
 
     A missing target on either side matches anything. Otherwise the kind must match, and
-    every instruction-set attribute (mcpu, mattr, mtriple, arch, ...) that both name must
-    be equal. Core counts may differ: a schedule stays valid, only its tuning is off.
+    every instruction-set attribute (mcpu, mtriple, arch, ...) that both name must be
+    equal; so must ``mattr`` where both name the same CPU (none means the CPU's own
+    features: ``znver4`` and ``znver4`` less AVX-512, as ``host_target`` gives on a guest
+    that hides it, are two machines). Core counts may differ: a schedule stays valid, only
+    its tuning is off.
     """
     if record_target is None or query_target is None:
         return True
     a = record_target if isinstance(record_target, dict) else target_config(record_target)
     b = query_target if isinstance(query_target, dict) else target_config(query_target)
     for key in _ISA_KEYS:
-        if key in a and key in b and a[key] != b[key]:
+        if key in a and key in b and _isa_value(a[key]) != _isa_value(b[key]):
             return False
+    if "mcpu" in a and a.get("mcpu") == b.get("mcpu") and \
+            _isa_value(a.get("mattr") or []) != _isa_value(b.get("mattr") or []):
+        return False
     return True
+
+
+def _isa_value(value: Any) -> Any:
+    """An instruction-set attribute to compare: a feature list in any order is one set."""
+    return sorted(str(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def normalize_mod(func_or_mod: tirx.PrimFunc | tvm.IRModule) -> tvm.IRModule:

@@ -56,3 +56,13 @@ def test_a_vectorised_kernel_built_for_the_host_target_runs_here():
     np.testing.assert_allclose(out.numpy(), x * 2 + 1)
     if "avx512f" not in _cpuinfo_flags():
         assert "zmm" not in lib.mod.inspect_source("asm")
+
+
+def test_records_of_the_same_cpu_name_with_other_features_do_not_apply():
+    full = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+    hidden = dict(full, mattr=["-avx512f", "-avx512vnni"])
+    assert not utils.target_compatible(full, hidden)
+    assert not utils.target_compatible(hidden, full)
+    assert utils.target_compatible(hidden, dict(hidden, mattr=["-avx512vnni", "-avx512f"]))
+    assert utils.target_compatible(dict(full, **{"num-cores": 4}), full)
+    assert utils.target_compatible({"kind": "llvm"}, hidden)  # no CPU named: anything

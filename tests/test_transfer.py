@@ -11,6 +11,7 @@ import relax_tune as rt
 from relax_tune.database import MemoryDatabase, TuningRecord
 from relax_tune.database.records import candidate_key, is_baseline
 from relax_tune.space import space_for_target
+from relax_tune.space.params import target_params
 from relax_tune.testing.workloads import matmul_mod
 from relax_tune.transfer.refit import kept_share
 from relax_tune.transfer import (TransferSource, fit_tile, library_database,
@@ -106,7 +107,8 @@ def test_a_record_of_another_machine_class_is_not_applied_unmeasured(target, tmp
     db = _tuned_source(target, str(tmp_path))
     (wl,) = db.get_all_workloads()
     best = [r for r in db.get_top_k(wl, 4) if not is_baseline(r.trace_json)][0]
-    other = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})  # AVX2
+    other = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": (  # another class
+        "skylake-avx512" if target_params(target).vector_bytes < 64 else "haswell")})
     foreign = MemoryDatabase()
     foreign.commit_tuning_record(TuningRecord(
         trace_json=best.trace_json, workload=foreign.commit_workload(wl.mod),
@@ -126,12 +128,11 @@ def test_the_shipped_library_replays_under_the_current_design_space(target):
         "python -m tools.transfer_library.build_library"
     records = lib.get_all_tuning_records()
     assert len(records) >= 20
-    space = space_for_target(target)
     failed = []
-    for rec in records:
+    for rec in records:  # each under the design space of the machine it was tuned on
         assert rec.is_valid and not is_baseline(rec.trace_json)
         sch = schedule_from_json(rec.workload.mod, rec.trace_json)
-        replayed = space.replay(rec.workload.mod, sch.trace)
+        replayed = space_for_target(rec.target).replay(rec.workload.mod, sch.trace)
         if not replayed.ok:
             failed.append(replayed.error)
     assert not failed, failed[:3]
@@ -166,3 +167,29 @@ def test_a_far_transferred_schedule_does_not_leave_a_large_task_untuned(target, 
     runner = CountingRunner()
     (report,) = rt.tune_tasks(tasks, wd, measure=False, runner=runner)
     assert runner.calls == 0 and report.predicted
+
+
+def test_the_library_keeps_the_best_record_of_each_machine_class(target, tmp_path):
+    """build_library's export: one record per workload and machine class; --add keeps the
+    records of the other classes already in the library."""
+    from tools.transfer_library.build_library import export
+
+    here = _tuned_source(target, str(tmp_path / "here"), trials=4)
+    other = rt.JSONDatabase(work_dir=str(tmp_path / "other"))
+    avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    for rec in here.get_all_tuning_records():
+        if rec.is_valid and not is_baseline(rec.trace_json):
+            other.commit_tuning_record(TuningRecord(
+                rec.trace_json, other.commit_workload(rec.workload.mod),
+                [s * 2 for s in rec.run_secs], avx512, rec.args_info))
+    out = str(tmp_path / "library")
+    export({"here": str(tmp_path / "here"), "other": str(tmp_path / "other")}, out)
+    lib = rt.JSONDatabase(work_dir=out)
+    classes = sorted(str(r.target.attrs.get("mcpu", "")) for r in lib.get_all_tuning_records())
+    assert len(lib.get_all_workloads()) == 1 and len(classes) == 2
+    assert "skylake-avx512" in classes
+    del lib
+    export({"here": str(tmp_path / "here")}, out, keep_existing=True)  # a build on this class
+    assert len(rt.JSONDatabase(work_dir=out).get_all_tuning_records()) == 2
+    export({"here": str(tmp_path / "here")}, out)  # without --add: this class alone
+    assert len(rt.JSONDatabase(work_dir=out).get_all_tuning_records()) == 1

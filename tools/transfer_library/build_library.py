@@ -2,6 +2,8 @@
 
     python -m tools.transfer_library.build_library --tune --seconds 240   # tune, then export
     python -m tools.transfer_library.build_library                        # export only
+    python -m tools.transfer_library.build_library --tune --add           # another CPU kind's
+                                                                          # schedules beside them
 
 ``--tune`` tunes each library model through the "relax_tune" pipeline for ``--seconds`` into
 ``--work-root/<model>``; the export then keeps the best valid record of every workload of
@@ -55,51 +57,66 @@ def tune_model(name: str, family: str, size: int, dims: dict, work_dir: str,
           flush=True)
 
 
-def export(work_dirs: dict[str, str], out_dir: str) -> tuple[int, int]:
-    """Write the best valid record of each workload of ``work_dirs`` into ``out_dir``
-    (replaced); returns (workloads, records)."""
+def export(work_dirs: dict[str, str], out_dir: str, keep_existing: bool = False) -> tuple[int, int]:
+    """Write the best valid record of each workload of ``work_dirs`` for each machine class
+    (``transfer.source.machine_class``) into ``out_dir`` (replaced); with ``keep_existing``
+    the library's records already there are candidates too, so a build on a machine of
+    another class adds its schedules beside them. Returns (workloads, records)."""
     from relax_tune.database import JSONDatabase, TuningRecord
     from relax_tune.database.records import is_baseline
+    from relax_tune.transfer.source import machine_class
 
+    sources = [JSONDatabase(work_dir=wd) for wd in work_dirs.values()]
+    if keep_existing and os.path.isfile(os.path.join(out_dir, "database_workload.json")):
+        sources.insert(0, JSONDatabase(work_dir=out_dir))
+    best: dict[tuple, tuple] = {}  # (program, machine class) -> (secs, record, workload)
+    for db in sources:
+        for wl in db.get_all_workloads():
+            for rec in db.get_top_k(wl, 64):
+                if not rec.is_valid or is_baseline(rec.trace_json):
+                    continue
+                key = (wl.shash, machine_class(rec.target))
+                secs = sum(rec.run_secs) / len(rec.run_secs)
+                if key not in best or secs < best[key][0]:
+                    best[key] = (secs, rec, wl)
     tmp = out_dir + ".new"
     shutil.rmtree(tmp, ignore_errors=True)
     out = JSONDatabase(work_dir=tmp)
-    seen: set[int] = set()
-    count = 0
-    for wd in work_dirs.values():
-        db = JSONDatabase(work_dir=wd)
-        for wl in db.get_all_workloads():
-            program = wl.shash
-            best = [r for r in db.get_top_k(wl, 8)
-                    if r.is_valid and not is_baseline(r.trace_json)]
-            if program in seen or not best:
-                continue
-            seen.add(program)
-            rec = best[0]
-            out.commit_tuning_record(TuningRecord(
-                trace_json=rec.trace_json, workload=out.commit_workload(wl.mod),
-                run_secs=rec.run_secs, target=rec.target, args_info=rec.args_info))
-            count += 1
+    for _, rec, wl in best.values():
+        out.commit_tuning_record(TuningRecord(
+            trace_json=rec.trace_json, workload=out.commit_workload(wl.mod),
+            run_secs=rec.run_secs, target=rec.target, args_info=rec.args_info))
     del out
+    readme = os.path.join(out_dir, "README.md")
+    kept_readme = open(readme, encoding="utf-8").read() if keep_existing and os.path.isfile(readme) else None
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
     for name in os.listdir(out_dir):  # only the two database files are shipped
         if not name.startswith("database_"):
             path = os.path.join(out_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    return len(seen), count
+    if kept_readme is not None:
+        with open(readme, "w", encoding="utf-8") as f:
+            f.write(kept_readme)
+    return len({program for program, _ in best}), len(best)
 
 
-def _describe(out_dir: str, seconds: float | None, threads: int) -> None:
+def _describe(out_dir: str, seconds: float | None, threads: int, add: bool = False) -> None:
     from benchmarks.real_models import cpu_model
 
     import relax_tune as rt
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip() or "?"
-    lines = ["# The shipped schedule library", "",
-             "Made by `python -m tools.transfer_library.build_library"
-             + (f" --tune --seconds {seconds:g}" if seconds else "") + "` at commit "
-             f"{commit}, on {cpu_model()} (target `{rt.host_target()}`), {threads} threads.",
+    made = ("Made by `python -m tools.transfer_library.build_library"
+            + (f" --tune --seconds {seconds:g}" if seconds else "") + (" --add" if add else "")
+            + f"` at commit {commit}, on {cpu_model()} (target `{rt.host_target()}`), "
+            f"{threads} threads.")
+    if add:  # another machine's records beside those the README already describes
+        with open(os.path.join(out_dir, "README.md"), "a", encoding="utf-8") as f:
+            f.write("\nAdded (the best record of each workload for this machine's class, the "
+                    "others kept): " + made + "\n")
+        return
+    lines = ["# The shipped schedule library", "", made,
              "", "Models (the benchmark's families at other shapes):", ""]
     lines += [f"- `{name}`: {family}, size {size}" + (f", {dims}" if dims else "")
               for name, family, size, dims in LIBRARY_MODELS]
@@ -114,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-root", default="transfer-library-work")
     parser.add_argument("--models", nargs="*", default=[m[0] for m in LIBRARY_MODELS])
+    parser.add_argument("--add", action="store_true",
+                        help="keep the library's records and add the best of this machine's "
+                             "class beside them (a build on another kind of CPU)")
     args = parser.parse_args(argv)
     from relax_tune.transfer import LIBRARY_DIR
 
@@ -128,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"no work_dir {missing[0]!r}: run with --tune first", file=sys.stderr)
         return 1
-    workloads, records = export(work_dirs, LIBRARY_DIR)
-    _describe(LIBRARY_DIR, args.seconds if args.tune else None, args.threads)
+    workloads, records = export(work_dirs, LIBRARY_DIR, keep_existing=args.add)
+    _describe(LIBRARY_DIR, args.seconds if args.tune else None, args.threads, add=args.add)
     print(f"{LIBRARY_DIR}: {records} records of {workloads} workloads")
     return 0
 
