@@ -16,6 +16,11 @@ scale). Two references:
   whose rounding differs from the QDQ definition: on the transformer block ONNX Runtime's
   optimised output is itself 2 steps from its basic one on 31% of the elements (a step in
   an intermediate tensor grows through the next weights). The test allows 3 steps there.
+  Where ONNX Runtime's own kernels are off the model's meaning by more than that, the
+  comparison is with the meaning alone, and ours must be the closer of the two: on CPUs
+  without VNNI its u8 x s8 kernels add pairs of products in a saturating s16
+  (``vpmaddubsw``; measured on an AMD EPYC without AVX-512: 64 steps on the CNN, 16 on the
+  block, 0.60 from the float model against 0.008 for the meaning), ours are exact.
 """
 
 import numpy as np
@@ -73,6 +78,31 @@ def _ort(path: str, x: np.ndarray, basic: bool = False) -> np.ndarray:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     return session.run(None, {"x": x})[0]
+
+
+def _near_onnx_runtime(got: np.ndarray, ref: np.ndarray, exact: np.ndarray, step: float,
+                       allowed: float) -> None:
+    """``got`` within ``allowed`` steps of ONNX Runtime's optimised output ``ref``, where
+    that is itself within ``allowed`` of the model's meaning ``exact``; else (ONNX Runtime's
+    int8 kernels saturate on this CPU: module docstring) within ``allowed`` of the meaning
+    and closer to it than ONNX Runtime."""
+    ort_off = (np.abs(ref - exact) / step).max()
+    if ort_off <= allowed + 1e-3:
+        steps = np.abs(got - ref) / step
+        assert steps.max() <= allowed + 1e-3, f"{steps.max():.2f} steps from ONNX Runtime"
+        return
+    ours = (np.abs(got - exact) / step).max()
+    assert ours <= allowed + 1e-3 and ours < ort_off, \
+        f"{ours:.2f} steps from the model's meaning (ONNX Runtime's int8: {ort_off:.2f})"
+
+
+def _ort_of_qdq(model, folder, x: np.ndarray) -> np.ndarray:
+    """ONNX Runtime's basic run of ``model`` (a QDQ ``ModelProto``) saved in ``folder``."""
+    import os
+
+    path = os.path.join(str(folder), "as_qdq.onnx")
+    onnx.save(model, path)
+    return _ort(path, x, basic=True)
 
 
 def _output_scale(path: str) -> float:
@@ -235,8 +265,7 @@ def test_pipeline_matches_onnx_runtime_int8(models, name, isa, target, tmp_path)
     steps = np.abs(got - exact) / step
     assert steps.max() <= 1 + 1e-3 and np.mean(steps > 0.5) <= 0.01, \
         f"{steps.max():.2f} steps from ONNX's QDQ meaning on {np.mean(steps > 0.5):.1%}"
-    steps = np.abs(got - ref) / step
-    assert steps.max() <= STEPS[name] + 1e-3, f"{steps.max():.2f} steps from ONNX Runtime"
+    _near_onnx_runtime(got, ref, exact, step, STEPS[name])
     # as close to the float model as ONNX Runtime's int8 (within one output step)
     assert np.abs(got - flt).max() <= np.abs(ref - flt).max() + step + 1e-6
     assert np.abs(got - flt).mean() <= 1.1 * np.abs(ref - flt).mean() + 0.05 * step
@@ -288,8 +317,7 @@ def test_qoperator_models_are_read_as_qdq_and_match_onnx_runtime(name, target, t
     last = [n for n in qop.graph.node if n.op_type == "DequantizeLinear"][-1]  # the output's
     step = float(onnx.numpy_helper.to_array(
         {i.name: i for i in qop.graph.initializer}[last.input[1]]))
-    steps = np.abs(got - _ort(path, x)) / step
-    assert steps.max() <= STEPS[name] + 1e-3, f"{steps.max():.2f} steps from ONNX Runtime"
+    _near_onnx_runtime(got, _ort(path, x), _ort_of_qdq(qdq, tmp_path, x), step, STEPS[name])
 
 
 @needs_ort
@@ -318,8 +346,7 @@ def test_qoperator_activations_pooling_and_concat_match_onnx_runtime(target, tmp
     last = [n for n in qop.graph.node if n.op_type == "DequantizeLinear"][-1]  # the output's
     step = float(onnx.numpy_helper.to_array(
         {i.name: i for i in qop.graph.initializer}[last.input[1]]))
-    steps = np.abs(got - _ort(path, x)) / step
-    assert steps.max() <= 2 + 1e-3, f"{steps.max():.2f} steps from ONNX Runtime"
+    _near_onnx_runtime(got, _ort(path, x), _ort_of_qdq(qdq, tmp_path, x), step, 2)
 
 
 @needs_ort

@@ -62,8 +62,9 @@ class Task:
 
     @functools.cached_property
     def flops(self) -> float:
-        """Estimated FLOPs of one call of the workload (0 when TVM cannot estimate them; for
-        display only)."""
+        """Estimated FLOPs of one call of the workload (0 when TVM cannot estimate them): for
+        display, the task order, and the no-measurement compile's smallest tiled task
+        (``tuning.predict.MIN_TILED_FLOPS``)."""
         try:
             return float(s_analysis.estimate_tir_flops(self.mod))
         except Exception:  # estimate_tir_flops rejects some opaque functions

@@ -21,7 +21,9 @@ has ``MIN_UNTILED_ELEMENTS`` elements or more: on less, a parallel loop's start-
 more than the untuned loop; on more, the untuned function is a single-threaded scalar loop
 nest (ResNet-18's Winograd layout, gather and pooling tasks measured 80x-800x slower
 untuned than their best schedule after 300 s of tuning, docs/design/time-budget.md).
-Smaller ones keep their untuned code until measured.
+Smaller ones keep their untuned code until measured, and so do tiled tasks of fewer than
+``MIN_TILED_FLOPS`` operations (a classifier's 1x64 by 64x10 matmul: its untuned loop is
+shorter than a parallel schedule's start).
 """
 
 from __future__ import annotations
@@ -53,6 +55,15 @@ average pool's sum over 64x16x16 ran 10.9 us predicted against 9.3 us untuned wi
 other core busy (Intel Xeon, 2 threads); over 128x16x16, 21 us against 40 us."""
 
 
+MIN_TILED_FLOPS = 4096
+"""A task that tiles for reuse gets a predicted schedule only when it computes this many
+floating-point operations: below, its untuned loop nest is over before a parallel
+schedule's threads have started. Measured (AMD EPYC without AVX-512, 2 threads, each
+predicted schedule against the untuned function in the tuner's runner): a 1x64 by 64x10
+matmul with bias, 1.3e3 FLOPs, ran 0.14 us untuned against 1.22 us predicted; 1x128 by
+128x32, 8.2e3 FLOPs, 1.14 us against 0.17 us, and every larger one faster still."""
+
+
 def work_elements(task) -> int:
     """Elements of the task's largest tensor argument."""
     sizes = [math.prod(int(d) for d in arg[2]) for arg in task.args_info
@@ -79,6 +90,8 @@ def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
             logger.info("max_time reached after %d predicted schedules", count)
             break
         large = work_elements(st.task) >= MIN_UNTILED_ELEMENTS
+        if 0 < st.task.flops < MIN_TILED_FLOPS and not large:
+            continue  # so little work that a thread pool's start costs more than all of it
         if st.report.best_secs is not None or not (large or may_tile(st.search)):
             continue  # measured already (ApplyDatabase takes the measurement), or too small
         try:
