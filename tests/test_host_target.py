@@ -7,11 +7,11 @@ import tvm
 from tvm import te
 from tvm.target import codegen
 
-from relax_tune import utils
+from relax_tune import host_cpu, utils
 
 
 def _cpuinfo_flags() -> set[str]:
-    flags = utils._host_cpu_flags()
+    flags = host_cpu._host_cpu_flags()
     if not flags:
         pytest.skip("no /proc/cpuinfo flags on this machine")
     return set(flags)
@@ -21,22 +21,23 @@ def test_host_target_offers_only_simd_features_this_machine_lists():
     flags = _cpuinfo_flags()
     target = utils.host_target()
     offered = {str(f) for f in codegen.llvm_get_cpu_features(target)}
-    simd = {f for f in offered if f.startswith(utils._SIMD_FEATURE_PREFIXES)}
-    beyond = {f for f in simd if utils._flag_key(f) not in flags
+    simd = {f for f in offered if f.startswith(host_cpu._SIMD_FEATURE_PREFIXES)}
+    beyond = {f for f in simd if host_cpu._flag_key(f) not in flags
               and not (f == "sha" and "shani" in flags)}
     assert not beyond, f"{target} offers {sorted(beyond)}, which /proc/cpuinfo does not list"
 
 
 def test_a_cpu_with_more_extensions_than_this_machine_loses_exactly_those():
     flags = _cpuinfo_flags()
-    missing = utils.host_missing_features("sapphirerapids")
+    missing = host_cpu.host_missing_features("sapphirerapids")
     implied = {str(f) for f in codegen.llvm_get_cpu_features(
         tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"}))}
     assert all(m.startswith("-") and m[1:] in implied for m in missing)
     # each one switched off is absent here, each SIMD one kept is present
-    assert all(utils._flag_key(m[1:]) not in flags for m in missing)
-    kept = {f for f in implied if f.startswith(utils._SIMD_FEATURE_PREFIXES)} - {m[1:] for m in missing}
-    assert all(utils._flag_key(f) in flags or f == "sha" for f in kept)
+    assert all(host_cpu._flag_key(m[1:]) not in flags for m in missing)
+    kept = ({f for f in implied if f.startswith(host_cpu._SIMD_FEATURE_PREFIXES)}
+            - {m[1:] for m in missing})
+    assert all(host_cpu._flag_key(f) in flags or f == "sha" for f in kept)
     if "avx512f" not in flags:
         assert "-avx512f" in missing
 

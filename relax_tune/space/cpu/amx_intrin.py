@@ -292,7 +292,7 @@ def has_amx(target: tvm.target.Target | None) -> bool:
     except Exception:  # noqa: BLE001 - a target LLVM cannot describe
         return False
     try:
-        from ...utils import host_target_config
+        from ...host_cpu import host_target_config
 
         host = tvm.target.Target(host_target_config())
         host_has = all(codegen.target_has_features(f, host) for f in FEATURES)
