@@ -33,22 +33,25 @@ def pytorch_row(model, inputs) -> Row:
     return Row("pytorch", "-", call)
 
 
-def ort_session(path: str, threads: int):
+def ort_session(path: str, threads: int, basic: bool = False):
     """An ONNX Runtime CPU session on ``threads`` intra-op threads, one inter-op thread,
-    sequential execution (as every contender runs)."""
+    sequential execution (as every contender runs); ``basic``: basic graph optimisations
+    only (a QDQ file's operators run as written, not fused into ONNX Runtime's int8 kernels)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if basic:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
 def onnxruntime_row(onnx_path: str, inputs_np: list[np.ndarray], threads: int,
-                    contender: str = "onnxruntime") -> Row:
+                    contender: str = "onnxruntime", basic: bool = False) -> Row:
     """ONNX Runtime's CPU provider on the exported file (``ort_session``)."""
-    sess = ort_session(onnx_path, threads)
+    sess = ort_session(onnx_path, threads, basic)
     feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs_np)}
     row = Row(contender, "-", lambda: sess.run(None, feed))
     row.keep = sess

@@ -57,7 +57,8 @@ def tune_model(name: str, family: str, size: int, dims: dict, work_dir: str,
           flush=True)
 
 
-def export(work_dirs: dict[str, str], out_dir: str, keep_existing: bool = False) -> tuple[int, int]:
+def export(work_dirs: dict[str, str], out_dir: str,
+           keep_existing: bool = False) -> tuple[int, int]:
     """Write the best valid record of each workload of ``work_dirs`` for each machine class
     (``transfer.source.machine_class``) into ``out_dir`` (replaced); with ``keep_existing``
     the library's records already there are candidates too, so a build on a machine of
@@ -69,35 +70,32 @@ def export(work_dirs: dict[str, str], out_dir: str, keep_existing: bool = False)
     sources = [JSONDatabase(work_dir=wd) for wd in work_dirs.values()]
     if keep_existing and os.path.isfile(os.path.join(out_dir, "database_workload.json")):
         sources.insert(0, JSONDatabase(work_dir=out_dir))
-    best: dict[tuple, tuple] = {}  # (program, machine class) -> (secs, record, workload)
+    best: dict[tuple, tuple] = {}  # (program, machine class) -> (record, workload)
     for db in sources:
         for wl in db.get_all_workloads():
             for rec in db.get_top_k(wl, 64):
                 if not rec.is_valid or is_baseline(rec.trace_json):
                     continue
                 key = (wl.shash, machine_class(rec.target))
-                secs = sum(rec.run_secs) / len(rec.run_secs)
-                if key not in best or secs < best[key][0]:
-                    best[key] = (secs, rec, wl)
+                if key not in best or rec.mean_run_secs < best[key][0].mean_run_secs:
+                    best[key] = (rec, wl)
     tmp = out_dir + ".new"
     shutil.rmtree(tmp, ignore_errors=True)
     out = JSONDatabase(work_dir=tmp)
-    for _, rec, wl in best.values():
+    for rec, wl in best.values():
         out.commit_tuning_record(TuningRecord(
             trace_json=rec.trace_json, workload=out.commit_workload(wl.mod),
             run_secs=rec.run_secs, target=rec.target, args_info=rec.args_info))
     del out
+    for name in os.listdir(tmp):  # only the two database files are shipped
+        if not name.startswith("database_"):
+            path = os.path.join(tmp, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     readme = os.path.join(out_dir, "README.md")
-    kept_readme = open(readme, encoding="utf-8").read() if keep_existing and os.path.isfile(readme) else None
+    if keep_existing and os.path.isfile(readme):  # it describes the records kept
+        shutil.copy(readme, tmp)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
-    for name in os.listdir(out_dir):  # only the two database files are shipped
-        if not name.startswith("database_"):
-            path = os.path.join(out_dir, name)
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    if kept_readme is not None:
-        with open(readme, "w", encoding="utf-8") as f:
-            f.write(kept_readme)
     return len({program for program, _ in best}), len(best)
 
 
