@@ -12,6 +12,9 @@ median over rounds, ratio to float32 as the median of per-round ratios):
 
 - ``instruction``: the default design space (``Int8DotProduct`` on the instruction
   ``int8_dot_intrinsic`` reads from the target's features);
+- ``narrow (7-bit)``: on a target whose instruction has a narrow variant (AVX2's
+  ``vpmaddubsw``), the same layer with 7-bit weights (ONNX Runtime's ``reduce_range``), which
+  ``MarkNarrowWeightPairs`` marks and the space tensorizes with that variant;
 - ``no AMX``: on a target with AMX tiles, the default space without its AMX sketches
   (``Int8DotProduct`` on the dot-product instruction only);
 - ``block rules``: the same int8 kernel and target, the space without ``Int8DotProduct``
@@ -99,7 +102,7 @@ def main() -> None:
     threads = ensure_tvm_threads()
     target = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu, "num-cores": threads})
     from relax_tune.space.cpu.amx_intrin import has_amx
-    from relax_tune.space.cpu.int8_intrin import int8_dot_intrinsic
+    from relax_tune.space.cpu.int8_intrin import int8_dot_intrinsic, narrow_variant
     print(f"target {target}, instruction {int8_dot_intrinsic(target)}, AMX {has_amx(target)}, "
           f"threads {threads}")
     for name in args.workload:
@@ -110,6 +113,11 @@ def main() -> None:
         fp32 = float_kernel(name, target, pad=conv, weights_bound=True, **shape)
         timers, walls = {}, {}
         timers["instruction"], walls["instruction"] = tuned_timer(int8, target, args.trials)
+        if narrow_variant(int8_dot_intrinsic(target) or "") is not None:
+            narrow = integer_kernel(name, target, zero_point=3 if conv else None,
+                                    weights_bound=True, weight_bits=7, **shape)
+            timers["narrow (7-bit)"], walls["narrow (7-bit)"] = tuned_timer(
+                narrow, target, args.trials)
         if has_amx(target):  # the default space has AMX sketches: the same without them
             with without_amx():
                 timers["no AMX"], walls["no AMX"] = tuned_timer(int8, target, args.trials)
@@ -119,9 +127,9 @@ def main() -> None:
         timers["float32"], walls["float32"] = tuned_timer(fp32, target, args.trials)
         timed = interleaved(timers, "float32", rounds=args.rounds)
         print(f"\n{name} {shape}, {args.trials} trials each, {args.rounds} rounds")
-        print(f"{'kernel':<14}{'us':>10}{'vs float32':>12}{'tune s':>8}")
+        print(f"{'kernel':<16}{'us':>10}{'vs float32':>12}{'tune s':>8}")
         for key, (secs, ratio) in timed.items():
-            print(f"{key:<14}{secs * 1e6:>10.1f}{ratio:>11.2f}x{walls[key]:>8.0f}")
+            print(f"{key:<16}{secs * 1e6:>10.1f}{ratio:>11.2f}x{walls[key]:>8.0f}")
 
 
 if __name__ == "__main__":

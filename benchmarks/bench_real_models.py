@@ -544,6 +544,10 @@ def main() -> int:
                              "the same budgets, and report int8 against it")
     parser.add_argument("--calibration", type=int, default=8,
                         help="--int8: random calibration inputs for the quantizer")
+    parser.add_argument("--reduce-range", choices=["auto", "on", "off"], default="auto",
+                        help="--int8: quantize weights to 7 bits (ONNX Runtime's reduce_range); "
+                             "auto: where the target's int8 instruction is AVX2's vpmaddubsw "
+                             "(no VNNI), as ONNX Runtime recommends there")
     parser.add_argument("--int8-steps", type=float, default=8.0,
                         help="--int8: output quantisation steps from ONNX Runtime's int8 "
                              "output above which a row is flagged")

@@ -2,7 +2,10 @@
 
 The float model is exported to ONNX (``torch.onnx.export``) and quantized by ONNX Runtime's
 static quantizer (QDQ, u8 activations, s8 weights per channel; calibrated on
-``--calibration`` seeded random inputs). Rows, all timed interleaved on the same threads:
+``--calibration`` seeded random inputs; ``--reduce-range``: 7-bit weights, by default
+where the target's int8 instruction is AVX2's, as ONNX Runtime's quantizer recommends for
+x86 CPUs without VNNI: there every contender's ``vpmaddubsw`` is exact on them). Rows, all
+timed interleaved on the same threads:
 
 - ``pytorch``: eager float32 (the float reference of the "vs PyTorch" column);
 - ``onnxruntime-fp32``: ONNX Runtime on the float ONNX file;
@@ -55,6 +58,17 @@ def output_scale(path: str) -> float | None:
     return None
 
 
+def wants_reduce_range(choice: str, target) -> bool:
+    """``--reduce-range``: "on", "off", or "auto" (on where the target's int8 instruction has
+    a narrow variant: AVX2 without VNNI, whose ``vpmaddubsw`` is exact on 7-bit weights)."""
+    if choice != "auto":
+        return choice == "on"
+    from relax_tune.space.cpu.int8_intrin import int8_dot_intrinsic, narrow_variant
+
+    intrinsic = int8_dot_intrinsic(target)
+    return intrinsic is not None and narrow_variant(intrinsic) is not None
+
+
 def bench_int8_model(name: str, args, target, root: str, threads: int, log
                      ) -> tuple[list[Row], str]:
     """The rows of one model in int8 mode (see the module docstring) and its info line."""
@@ -73,13 +87,16 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
     rows = [pytorch_row(model, inputs)]
     float_path = os.path.join(root, f"{name}.onnx")
     qdq_path = os.path.join(root, f"{name}_qdq.onnx")
-    log(f"{name} ({desc}): ONNX export, quantize_static ({args.calibration} inputs)")
+    reduce_range = wants_reduce_range(args.reduce_range, target)
+    log(f"{name} ({desc}): ONNX export, quantize_static ({args.calibration} inputs, "
+        f"reduce_range={reduce_range})")
     start = time.perf_counter()
     torch.onnx.export(model, inputs, float_path, input_names=["x"], verbose=False)
     quantize_qdq(float_path, qdq_path,
                  calibration_inputs(inputs_np[0].shape, args.calibration, "x",
-                                    like=inputs_np[0]))
-    info = f"{name} ({desc}) int8: quantized in {time.perf_counter() - start:.0f} s"
+                                    like=inputs_np[0]), reduce_range=reduce_range)
+    info = (f"{name} ({desc}) int8: quantized in {time.perf_counter() - start:.0f} s"
+            f"{', 7-bit weights (reduce_range)' if reduce_range else ''}")
     for contender, path in (("onnxruntime-fp32", float_path), ("onnxruntime", qdq_path)):
         rows.append(onnxruntime_row(path, inputs_np, threads, contender))
     ort_int8_row = rows[-1]

@@ -205,12 +205,19 @@ def schedule_from_json(mod: tvm.IRModule, trace_json: list, seed: int | None = N
 def apply_trace_json(trace_json: list, sch: Schedule) -> None:
     """``Trace.apply_json_to_schedule``, with relax_tune's own tensor intrinsics that the
     trace names registered first (they are registered on first use, in each process:
-    ``space.cpu.int8_intrin``, ``space.cpu.amx_intrin``)."""
+    ``space.cpu.int8_intrin``, ``space.cpu.amx_intrin``). A trace that uses AVX2's
+    ``vpmaddubsw`` on a function not marked as having narrow weight pairs raises a
+    ``RelaxTuneError`` (it would saturate there: ``int8_intrin.NARROW_PAIRS_ATTR``)."""
     named = [str(inst[2][0]) for inst in trace_json[0]
              if inst[0] == "Tensorize" and inst[2] and str(inst[2][0]).startswith("relax_tune.")]
     if named:
         from .space.cpu import amx_intrin, int8_intrin
 
+        if int8_intrin.AVX2_8X4_NARROW in named \
+                and not int8_intrin.marked_narrow(sch.mod["main"]):
+            raise RelaxTuneError("the trace multiplies with vpmaddubsw, which saturates on "
+                                 "this function's weights (not marked "
+                                 f"{int8_intrin.NARROW_PAIRS_ATTR})")
         int8_intrin.register_named(named)
         amx_intrin.register_named(named)
     Trace.apply_json_to_schedule(trace_json, sch)

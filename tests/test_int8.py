@@ -35,10 +35,14 @@ from relax_tune.lowering.int8_movement import MOVES, drop_movement_qdq
 from relax_tune.model_loader import load_model
 from relax_tune.space.cpu.layout_rewrite import layout_free_buffers
 from relax_tune.space import generate_design_space, space_for_target, without_decisions
-from relax_tune.space.cpu.int8_intrin import (AVX2_8X2, AVXVNNI_8X4, VNNI_16X4,
+from relax_tune.lowering.int8_pairs import pairs_fit
+from relax_tune.space.cpu.int8_dot import narrow_pair_weight
+from relax_tune.space.cpu.int8_intrin import (AVX2_8X2, AVX2_8X4_NARROW, AVXVNNI_8X4, VNNI_16X4,
+                                              marked_narrow,
                                               int8_dot_intrinsic)
 from relax_tune.testing.int8_kernels import integer_kernel, kernel_asm as _asm, run_kernel as _run
 from relax_tune.utils import host_target, schedule_from_json, trace_to_json
+from relax_tune.work_dir import WorkDir
 
 try:  # the model tests need both; the instruction tests below run without them
     import onnx
@@ -436,3 +440,129 @@ def test_tuning_measures_the_tensorized_kernel(tmp_path, isa):
     with target:
         applied = rt.ApplyDatabase(work_dir=str(tmp_path))(mod)
     np.testing.assert_array_equal(_run(applied, target), _run(mod, target))
+
+
+def test_pairs_fit_reads_the_pairs_along_the_axis():
+    w = np.zeros((2, 4, 3), np.int8)
+    assert pairs_fit(w, 1)
+    w[0, 0:2, 0] = (-128, 0)  # |-128| + 0 = 128: 255 * 128 = 32640 fits an s16
+    w[1, 2:4, 2] = (64, -64)
+    assert pairs_fit(w, 1)
+    w[1, 2:4, 2] = (64, 65)  # 129: 255 * 129 = 32895 does not
+    assert not pairs_fit(w, 1)
+    assert pairs_fit(w, 2) is False  # 3 along axis 2: no whole pairs
+    w[1, 2:4, 2] = (127, 0)
+    assert pairs_fit(w, 1)
+    assert not pairs_fit(np.array([[0, 0, 64, 65]], np.int8), 1)
+    assert not pairs_fit(w.astype(np.int16), 1)  # int8 weights only
+
+
+@pytest.mark.parametrize("kind", ["matmul", "conv2d"])
+def test_narrow_weights_use_vpmaddubsw_exactly_and_full_range_weights_do_not(kind):
+    """On AVX2 without VNNI: a layer whose constant weights are 7-bit (``reduce_range``) is
+    marked and tensorized with ``vpmaddubsw``; on this host (AVX2) it computes the untuned
+    function's integers, also with every pair of weights at the bound and every activation
+    255, the largest sums the s16 must hold. A layer of 8-bit weights keeps ``vpmaddwd``."""
+    conv = dict(zero_point=3) if kind == "conv2d" else {}
+    wide = integer_kernel(kind, AVX2, **conv)
+    narrow = integer_kernel(kind, AVX2, weight_bits=7, **conv)
+    assert not marked_narrow(wide["main"]) and marked_narrow(narrow["main"])
+    space = space_for_target(AVX2)
+    for mod, name, mnemonic in ((wide, AVX2_8X2, "vpmaddwd"),
+                                (narrow, AVX2_8X4_NARROW, "vpmaddubsw")):
+        (sketch,) = generate_design_space(mod, AVX2)
+        assert name in str(sketch)
+        candidate = space.replay(mod, without_decisions(sketch), seed=11)
+        assert candidate.error is None, candidate.error
+        asm = _asm(candidate.sch.mod, AVX2)
+        assert mnemonic in asm and ("vpmaddubsw" in asm) == (mod is narrow)
+        if not codegen.target_has_features("avx2", host_target()):
+            continue
+        np.testing.assert_array_equal(_run(candidate.sch.mod, AVX2), _run(mod, AVX2))
+        if mod is narrow:  # the worst case: pairs (-128, 0), (64, -64), (0, 128 - 1) ...
+            tuned = tvm.compile(candidate.sch.mod, target=AVX2)["main"]
+            untuned = tvm.compile(mod, target=AVX2)["main"]
+            outs = []
+            for fn in (tuned, untuned):
+                args = []
+                for p in mod["main"].params:
+                    shape, dtype = [int(d) for d in p.shape], str(p.dtype)
+                    if dtype == "uint8":
+                        value = np.full(shape, 255)
+                    elif dtype == "int8":
+                        value = np.resize(np.array([-128, 0, 64, 64, -1, -127, 0, 0]), shape)
+                    else:
+                        value = np.zeros(shape)
+                    args.append(tvm.runtime.tensor(value.astype(dtype)))
+                fn(*args)
+                outs.append(args[-1].numpy())
+            np.testing.assert_array_equal(*outs)
+
+
+def test_a_vpmaddubsw_trace_is_refused_on_a_function_of_wide_weights():
+    """A record made on a marked layer never replays on an unmarked one of the same shape
+    (twins, databases matched by anchor block, transferred records): it would saturate."""
+    from relax_tune.utils import RelaxTuneError
+
+    narrow = integer_kernel("matmul", AVX2, weight_bits=7)
+    wide = integer_kernel("matmul", AVX2)
+    (sketch,) = generate_design_space(narrow, AVX2)
+    candidate = space_for_target(AVX2).replay(narrow, without_decisions(sketch), seed=11)
+    trace = trace_to_json(candidate.sch.trace)
+    schedule_from_json(narrow, trace)
+    with pytest.raises(RelaxTuneError, match="vpmaddubsw"):
+        schedule_from_json(wide, trace)
+
+
+@needs_ort
+def test_a_reduce_range_model_is_exact_on_vpmaddubsw(tmp_path):
+    """ONNX Runtime's quantizer with ``reduce_range=True`` (7-bit weights, its advice for
+    CPUs without VNNI): on AVX2 every integer convolution with constant weights is marked,
+    the no-measurement compile runs them on ``vpmaddubsw``, and the output is the model's
+    QDQ meaning (ONNX Runtime is exact on these weights too)."""
+    if not codegen.target_has_features("avx2", host_target()):
+        pytest.skip("this CPU cannot run AVX2 code")
+    float_path, qdq_path = save_quantized(cnn_model(), str(tmp_path), "cnn7",
+                                          reduce_range=True)
+    loaded = load_model(qdq_path)
+    tiled = [t for t in rt.extract_tasks(loaded.lowered(AVX2), AVX2)
+             if narrow_pair_weight(t.mod["main"], 8, 4) is not None]
+    assert len(tiled) == 2 and all(marked_narrow(t.mod["main"]) for t in tiled)
+    pipe = loaded.compile_pipeline(AVX2, str(tmp_path / "wd"), measure=False)
+    ex = tvm.compile(loaded.mod, AVX2, relax_pipeline=pipe)
+    assert "vpmaddubsw" in ex.mod.imports[0].inspect_source("asm")
+    x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    exact, ref = _ort(qdq_path, x, basic=True), _ort(qdq_path, x)
+    step = _output_scale(qdq_path)
+    assert (np.abs(got - exact) / step).max() <= 1 + 1e-3
+    assert (np.abs(got - ref) / step).max() <= STEPS["cnn"] + 1e-3
+
+
+@needs_ort
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_predicted_int8_kernels_are_faster_than_their_untuned_functions(
+        reduce_range, target, tmp_path, shared_builder, shared_runner):
+    """The no-measurement compile takes the tensorized int8 sketches (they tile for reuse:
+    ``ANN_TILED`` on their write-back) and, kernel by kernel on this host's instruction
+    (AVX2: ``vpmaddwd``, or ``vpmaddubsw`` on 7-bit weights), each runs faster than the
+    untuned function it replaces, timed by the tuner's own builder and runner."""
+    if int8_dot_intrinsic(target) is None:
+        pytest.skip("this CPU has no int8 dot-product instruction relax_tune tensorizes with")
+    _, qdq_path = save_quantized(cnn_model(channels=16, size=32), str(tmp_path), "cnn",
+                                 reduce_range=reduce_range)
+    lowered = load_model(qdq_path).lowered(target)
+    tasks = [t for t in rt.extract_tasks(lowered, target)
+             if narrow_pair_weight(t.mod["main"], 8, 4) is not None]
+    assert len(tasks) >= 2
+    reports = rt.tune_tasks(tasks, str(tmp_path / "wd"), measure=False)
+    predicted = WorkDir(str(tmp_path / "wd")).open_predicted()
+    for task, report in zip(tasks, reports):
+        sch = predicted.query_schedule(task.mod, target)
+        assert report.predicted and sch is not None, task.task_name
+        assert "Tensorize" in str(sch.trace)
+        builds = shared_builder.build(task.mod, target, [None, sch.trace])
+        assert all(b.ok for b in builds), [b.error for b in builds]
+        untuned, tuned = shared_runner.run([b.artifact_path for b in builds], task.args_info,
+                                           target)
+        assert tuned.mean_secs < untuned.mean_secs, task.task_name

@@ -22,6 +22,7 @@ from .attention_fusion import FuseAttention
 from .fast_math import FastMath
 from .im2col import ColumnsForFewChannels
 from .int8 import IntegerQDQ
+from .int8_pairs import MarkNarrowWeightPairs
 from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul
 from .shape_bounds import SimplifyBoundedShapes
 from .winograd import WinogradConvolutions
@@ -111,7 +112,9 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
                     winograd: bool = True, int8: bool = True) -> list[tvm.transform.Pass]:
     """The passes the "relax_tune" pipeline runs before tuning (graph passes, on CPU
     targets each attention grouped into one kernel: ``attention.FuseAttention``, legalize,
-    fuse, FuseTIR, and on CPU targets vectorisable exp/erf/tanh/sigmoid: ``FastMath``).
+    fuse, FuseTIR, and on CPU targets vectorisable exp/erf/tanh/sigmoid: ``FastMath``, and
+    the integer kernels whose weights ``vpmaddubsw`` takes exactly marked:
+    ``MarkNarrowWeightPairs``).
 
     A model lowered with them (inside ``with target:``, after ``bind_params`` when the
     pipeline gets ``params``) has exactly the tasks the pipeline tunes and applies, so tuning
@@ -134,6 +137,7 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
         relax.transform.RewriteDataflowReshape(),
         relax.transform.DeadCodeElimination(),
         *([FastMath()] if target.kind.name == "llvm" else []),
+        *([MarkNarrowWeightPairs(target)] if int8 and target.kind.name == "llvm" else []),
         *([relax.transform.AttachAttrLayoutFreeBuffers()] if cpu_weight_prepack else []),
     ]
 

@@ -13,10 +13,12 @@ from tvm import relax
 
 def integer_kernel(kind: str, target: tvm.target.Target, rows: int = 16, reduce: int = 64,
                    channels: int = 32, size: int = 8, zero_point: int | None = None,
-                   weights_bound: bool = False) -> tvm.IRModule:
+                   weights_bound: bool = False, weight_bits: int = 8) -> tvm.IRModule:
     """The int8 task of a one-layer model written with the Relax ops ``IntegerQDQ`` emits,
     lowered for ``target`` (``lowering_passes``; ``weights_bound``: the weight marked
-    layout-free, as a model's bound weights are, ``cpu_weight_prepack``):
+    layout-free, as a model's bound weights are, ``cpu_weight_prepack``; ``weight_bits=7``:
+    weights in [-64, 63], as ONNX Runtime's ``reduce_range`` quantizes them, which AVX2's
+    ``vpmaddubsw`` multiplies exactly: the task is then marked ``NARROW_PAIRS_ATTR``):
 
     - ``kind="matmul"``: u8 ``(rows, reduce)`` x s8 ``(reduce, channels)``;
     - ``kind="conv2d"``: u8 ``(1, reduce, size, size)`` x s8 ``(channels, reduce, 3, 3)``,
@@ -31,8 +33,9 @@ def integer_kernel(kind: str, target: tvm.target.Target, rows: int = 16, reduce:
                                              relax.const(np.float32(1 / 4096))))
         return relax.op.astype(relax.op.clip(y, 0, 255), "uint8")
 
+    low = 1 - 2 ** (weight_bits - 1) if weight_bits == 8 else -2 ** (weight_bits - 1)
     return _layer(kind, target, rows, reduce, channels, size, "uint8",
-                  lambda *shape: rng.integers(-127, 128, shape).astype("int8"),
+                  lambda *shape: rng.integers(low, 2 ** (weight_bits - 1), shape).astype("int8"),
                   None if zero_point is None else float(zero_point), "int32", epilogue,
                   weights_bound)
 
@@ -83,15 +86,20 @@ def kernel_asm(mod: tvm.IRModule, target: tvm.target.Target) -> str:
 
 def kernel_args(mod: tvm.IRModule, seed: int = 0) -> list:
     """Seeded full-range arguments for ``mod``'s ``main``: u8 in [0, 255], s8 in
-    [-127, 127] (what the quantizer writes), floats in [-1, 1), the output last."""
+    [-127, 127] (what the quantizer writes; [-64, 64] in a function marked
+    ``NARROW_PAIRS_ATTR``, the most its weights may hold), floats in [-1, 1), the output
+    last."""
+    from ..space.cpu.int8_intrin import marked_narrow
+
     rng = np.random.default_rng(seed)
+    s8 = (-64, 65) if marked_narrow(mod["main"]) else (-127, 128)
     args = []
     for p in mod["main"].params:
         shape, dtype = [int(d) for d in p.shape], str(p.dtype)
         if dtype.startswith("float"):
             value = rng.uniform(-1, 1, shape)
         else:
-            value = rng.integers(*((0, 256) if dtype == "uint8" else (-127, 128)), shape)
+            value = rng.integers(*((0, 256) if dtype == "uint8" else s8), shape)
         args.append(tvm.runtime.tensor(value.astype(dtype)))
     return args
 

@@ -126,11 +126,12 @@ def calibration_inputs(shape: tuple[int, ...], count: int = 8, name: str = "x",
 
 def quantize_qdq(float_path: str, qdq_path: str, inputs: list[dict[str, np.ndarray]],
                  per_channel: bool = True, weight_type: str = "int8",
-                 quant_format: str = "QDQ") -> str:
+                 quant_format: str = "QDQ", reduce_range: bool = False) -> str:
     """Quantize the ONNX model at ``float_path`` with ONNX Runtime's ``quantize_static``
     (QDQ format, or ``quant_format="QOperator"``; u8 activations, s8 weights
-    (``weight_type="uint8"``: u8, asymmetric), per channel unless told otherwise) calibrated
-    on ``inputs``; write it to ``qdq_path`` and return that path."""
+    (``weight_type="uint8"``: u8, asymmetric), per channel unless told otherwise;
+    ``reduce_range``: 7-bit weights, what ONNX Runtime recommends for x86 CPUs without VNNI)
+    calibrated on ``inputs``; write it to ``qdq_path`` and return that path."""
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
 
@@ -142,7 +143,8 @@ def quantize_qdq(float_path: str, qdq_path: str, inputs: list[dict[str, np.ndarr
             return next(self._it, None)
 
     quantize_static(float_path, qdq_path, _Reader(), quant_format=QuantFormat[quant_format],
-                    per_channel=per_channel, activation_type=QuantType.QUInt8,
+                    per_channel=per_channel, reduce_range=reduce_range,
+                    activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8 if weight_type == "int8" else QuantType.QUInt8)
     return qdq_path
 

@@ -43,7 +43,8 @@ from .. import analysis as A
 from ..params import TargetParams
 from ..rule import FunctionRule
 from .amx_tiles import AMX_DEPTH, AMX_LANES, amx_choices, schedule_amx
-from .int8_intrin import DotInstruction, dot_instruction
+from .int8_intrin import DotInstruction, dot_instruction, marked_narrow, narrow_variant, \
+    register
 from .int8_tile import rows_into_jobs, write_back_and_pack
 from .layout_rewrite import PREPROC_ANNOTATION
 
@@ -117,6 +118,21 @@ def recognise(sch: Schedule, lanes: int, depth: int) -> _Shape | None:
                   _coefficient(a_loads[0].indices, ivs[before[-1]]))
 
 
+def narrow_pair_weight(func: tirx.PrimFunc, lanes: int, depth: int
+                       ) -> tuple[int, int] | None:
+    """For an integer reduction a ``lanes`` x ``depth`` instruction tiles, whose weight is a
+    parameter of ``func``: ``(the weight's parameter index, its axis along the contiguous
+    reduction)``, the axis along which the packed tile puts each pair of bytes a
+    ``vpmaddubsw`` sums (indices 2i and 2i+1). None for any other function."""
+    sch = Schedule(tvm.IRModule({"main": func}))
+    shape = recognise(sch, lanes, depth)
+    if shape is None:
+        return None
+    weight = A.node(sch, sch.get_sblock(shape.block)).reads[shape.weight_read].source
+    index = next((i for i, p in enumerate(func.params) if p.same_as(weight)), None)
+    return None if index is None else (index, shape.weight_dims.index(shape.r))
+
+
 def _coefficient(indices, var) -> int | None:
     """The constant factor of ``var`` in the one index of ``indices`` that uses it."""
     found = []
@@ -162,7 +178,16 @@ class Int8DotProduct(FunctionRule):
         tiles (``amx_tiles.schedule_amx``); ``[]`` otherwise."""
         out: list[Schedule] = []
         inst = self.instruction
-        shape = None if inst is None else recognise(sch, inst.lanes, inst.depth)
+        narrow = None if inst is None else narrow_variant(inst.name)
+        shape = None
+        if narrow is not None and marked_narrow(sch.mod["main"]):
+            shape = recognise(sch, narrow.lanes, narrow.depth)
+            if shape is not None:
+                inst = narrow
+                register(inst.name)
+        if shape is None and inst is not None:
+            inst = self.instruction
+            shape = recognise(sch, inst.lanes, inst.depth)
         if shape is not None:
             out += self._try(sch, lambda s: self._schedule(s, shape, inst))
         amx_shape = recognise(sch, AMX_LANES, AMX_DEPTH) if self.amx else None

@@ -9,9 +9,13 @@ instruction family, best first:
 - ``vpdpbusd`` on 256 bits (AVX-VNNI, the VEX form on CPUs without AVX-512): 8 x 4;
 - ``vpmaddwd`` (AVX2): 8 lanes x 2, the weights widened to s16 when they are packed and
   the 2 activation bytes zero-extended to s16, s16 x s16 pairs summed into int32: exact.
-  AVX2's byte instruction ``vpmaddubsw`` (u8 x s8 pairs) is not used: it sums each pair
-  into a *saturating* s16, and two products of full-range operands (255 * 127 * 2 = 64770)
-  exceed 32767, so it would not compute what the QDQ graph means.
+- ``vpmaddubsw`` (AVX2) for functions marked ``NARROW_PAIRS_ATTR`` only: 8 lanes x 4 bytes,
+  s8 weights, each u8 x s8 pair summed into an s16 (then ``vpmaddwd`` by ones into int32).
+  That s16 *saturates*: two products of full-range operands (255 * 127 * 2 = 64770) exceed
+  32767, so it computes what the QDQ graph means only where every pair of weights it sums
+  has ``|w0| + |w1| <= 128`` (255 * 128 = 32640). ``lowering.int8_pairs`` checks that on the
+  constant weights at compile time and marks the function; ``utils.apply_trace_json``
+  refuses a trace that names it on an unmarked function.
 
 TVM 0.27 registers the VNNI description as ``dot_16x4_vnni``, but its implementation passes
 the operands as ``<16 x i32>``, which the LLVM it ships (22) rejects (the intrinsic takes
@@ -54,6 +58,18 @@ AVXVNNI_8X4 = "relax_tune.dot_8x4_u8s8i32_avxvnni"
 """``{vex} vpdpbusd`` (AVX-VNNI, 256 bits), 8 x 4 bytes a step."""
 AVX2_8X2 = "relax_tune.dot_8x2_u8s16i32_avx2"
 """``vpmaddwd`` (AVX2) on s16-widened weights, 8 lanes x 2 a step."""
+AVX2_8X4_NARROW = "relax_tune.dot_8x4_u8s8i32_avx2_maddubs"
+"""``vpmaddubsw`` + ``vpmaddwd`` by ones (AVX2), 8 lanes x 4 bytes a step: exact only on
+weights whose summed pairs fit an s16 (``NARROW_PAIRS_ATTR``)."""
+
+NARROW_PAIRS_ATTR = "relax_tune.s8_weight_pairs_fit_s16"
+"""PrimFunc attribute: every pair of the int8 weight that a ``vpmaddubsw`` of the packed
+layout sums (adjacent along the contiguous reduction axis, from an even index) has
+``|w0| + |w1| <= 128``, so 255 * (|w0| + |w1|) fits an s16 and ``AVX2_8X4_NARROW`` is exact.
+Set at compile time on constant weights (``lowering.int8_pairs``); part of the workload, so
+marked and unmarked layers are different tasks."""
+NARROW_PAIR_LIMIT = 128
+"""The largest ``|w0| + |w1|`` of a pair ``vpmaddubsw`` sums exactly with u8 activations."""
 
 INSTRUCTIONS = (
     DotInstruction(VNNI_16X4, "avx512vnni", "vpdpbusd", 16, 4, "int8", 32),
@@ -62,10 +78,28 @@ INSTRUCTIONS = (
 )
 """In order of preference: the first whose feature the target has is used."""
 
+NARROW_VARIANTS = {
+    AVX2_8X2: DotInstruction(AVX2_8X4_NARROW, "avx2", "vpmaddubsw", 8, 4, "int8", 16),
+}
+"""The faster instruction an intrinsic gives way to on functions marked
+``NARROW_PAIRS_ATTR``."""
+_ALL = INSTRUCTIONS + tuple(NARROW_VARIANTS.values())
+
+
+def narrow_variant(name: str) -> DotInstruction | None:
+    """The ``DotInstruction`` that replaces intrinsic ``name`` on narrow weight pairs, or
+    None."""
+    return NARROW_VARIANTS.get(name)
+
+
+def marked_narrow(func) -> bool:
+    """Whether PrimFunc ``func`` carries ``NARROW_PAIRS_ATTR``."""
+    return bool(func.attrs is not None and func.attrs.get(NARROW_PAIRS_ATTR, False))
+
 
 def dot_instruction(name: str) -> DotInstruction:
     """The ``DotInstruction`` registered as ``name`` (a ``KeyError`` for another name)."""
-    for inst in INSTRUCTIONS:
+    for inst in _ALL:
         if inst.name == name:
             return inst
     raise KeyError(f"no int8 dot-product intrinsic named {name!r}")
@@ -142,11 +176,41 @@ def _vpmaddwd():
     return impl
 
 
+def _vpmaddubsw():
+    """``vpmaddubsw`` then ``vpmaddwd`` by ones then ``vpaddd`` (what ONNX Runtime's MLAS
+    does on AVX2): the 4 bytes of ``a`` broadcast to 8 lanes (``vpbroadcastd``), times
+    ``b``'s 32 s8 bytes, each pair's sum an s16 that saturates (exact on
+    ``NARROW_PAIRS_ATTR`` weights), the two s16 of a lane summed into int32 and added to
+    ``c``: 32 products in three instructions, where ``vpmaddwd`` on s16 makes 16 in two."""
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.Buffer((4,), "uint8", offset_factor=1),
+             b: T.Buffer((8, 4), "int8", offset_factor=1),
+             c: T.Buffer((8,), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:8], a[0:4], b[0:8, 0:4])
+            T.writes(c[0:8])
+            a_word = T.reinterpret(a.vload([0], "uint8x4"), dtype="int32")
+            pairs = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"),
+                T.reinterpret(T.broadcast(a_word, 8), dtype="int8x32"),
+                b.vload([0, 0], dtype="int8x32"),
+                dtype="int16x16")
+            c[T.ramp(T.int32(0), 1, 8)] = c.vload([0], dtype="int32x8") + \
+                T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                    pairs, T.broadcast(T.int16(1), 16), dtype="int32x8")
+
+    return impl
+
+
 def _implementation(name: str):
     if name == VNNI_16X4:
         return _vpdpbusd(16, "llvm.x86.avx512.vpdpbusd.512")
     if name == AVXVNNI_8X4:
         return _vpdpbusd(8, "llvm.x86.avx512.vpdpbusd.256")
+    if name == AVX2_8X4_NARROW:
+        return _vpmaddubsw()
     return _vpmaddwd()
 
 
@@ -162,9 +226,9 @@ def register(name: str) -> None:
 
 
 def register_named(names: list[str]) -> None:
-    """Register the intrinsics of ``INSTRUCTIONS`` among ``names`` (those a trace's
-    ``Tensorize`` instructions name), before the trace is replayed."""
-    for inst in INSTRUCTIONS:
+    """Register the intrinsics of ``INSTRUCTIONS`` and ``NARROW_VARIANTS`` among ``names``
+    (those a trace's ``Tensorize`` instructions name), before the trace is replayed."""
+    for inst in _ALL:
         if inst.name in names:
             register(inst.name)
 
