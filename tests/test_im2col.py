@@ -7,7 +7,7 @@ import tvm
 from tvm import relax
 
 import relax_tune as rt
-from relax_tune.lowering.im2col import ColumnsForFewChannels
+from relax_tune.lowering.im2col import ColumnsForFewChannels, column_group_bytes
 
 
 def _conv_module(x_shape, w, strides, dtype="uint8"):
@@ -41,22 +41,25 @@ def _calls(mod, name):
     return found
 
 
+@pytest.mark.parametrize("group", [64, 32])
 @pytest.mark.parametrize("x_shape,kernel,strides,dtype", [
     ((1, 29, 29, 4), 7, 2, "uint8"),  # ResNet's stem, small: 8-pixel, 8-row window
     ((1, 9, 9, 4), 3, 1, "int8"),  # the window reads past the edge: padded first
     ((2, 10, 11, 2), 5, 2, "uint8"),  # 2 channels, batch 2, odd widths
 ])
-def test_columns_compute_the_same_integers(x_shape, kernel, strides, dtype):
+def test_columns_compute_the_same_integers(x_shape, kernel, strides, dtype, group):
     rng = np.random.default_rng(0)
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     x = rng.integers(lo, hi, x_shape).astype(dtype)
     w = rng.integers(-127, 128, (16, kernel, kernel, x_shape[3])).astype("int8")
     mod = _conv_module(list(x_shape), w, [strides, strides], dtype)
-    cols = ColumnsForFewChannels()(mod)
+    cols = ColumnsForFewChannels(group)(mod)
     convs = _calls(cols, "relax.nn.conv2d")
     assert len(convs) == 1
     o, kh, kw, k = (int(d) for d in convs[0].args[1].ty.shape.values)
-    assert (kh, kw) == (1, 1) and k % 64 == 0  # whole 64-byte groups
+    assert (kh, kw) == (1, 1) and k % group == 0  # whole groups
+    if x_shape[3] == 4 and kernel == 7:  # 7 rows of 8 pixels x 4 channels, padded to...
+        assert k == {64: 256, 32: 224}[group]
     scheduled = [f for _, f in cols.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert len(scheduled) == 1 and scheduled[0].attrs["tirx.is_scheduled"]
     np.testing.assert_array_equal(_run(cols, x), _run(mod, x))
@@ -76,3 +79,11 @@ def test_convolutions_of_many_channels_or_float_are_left_alone():
         bb.emit_func_output(out)
     floaty = bb.get()
     assert ColumnsForFewChannels()(floaty).same_as(floaty)
+
+
+def test_column_groups_follow_the_target():
+    avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3"})
+    avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    sse = tvm.target.Target({"kind": "llvm", "mcpu": "nehalem"})
+    assert column_group_bytes(avx2) == 32 and column_group_bytes(avx512) == 64
+    assert column_group_bytes(sse) == 32

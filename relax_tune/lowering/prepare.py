@@ -20,7 +20,7 @@ from tvm import relax
 
 from .attention_fusion import FuseAttention
 from .fast_math import FastMath
-from .im2col import ColumnsForFewChannels
+from .im2col import ColumnsForFewChannels, column_group_bytes
 from .int8 import IntegerQDQ
 from .int8_pairs import MarkNarrowWeightPairs
 from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul
@@ -102,7 +102,7 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
         PatchConvToMatmul(),
         *([ChannelsLastConvolutions()] if cpu else []),
         relax.transform.FoldConstant(),
-        *([ColumnsForFewChannels()] if cpu and int8 else []),
+        *([ColumnsForFewChannels(column_group_bytes(target))] if cpu and int8 else []),
         *([WinogradConvolutions(), relax.transform.FoldConstant()] if cpu and winograd else []),
     ]
 
