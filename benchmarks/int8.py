@@ -17,7 +17,7 @@ timed interleaved on the same threads:
 - ``relax_tune-int8(...)``: the QDQ file through ``load_model`` and the "relax_tune"
   pipeline (``lowering.int8``: integer kernels; ``Int8DotProduct`` where the target has an
   int8 dot-product instruction) at each budget of ``--trials``/``--trials-per-task``/
-  ``--max-time``, each in a fresh work_dir;
+  ``--seconds`` (0: the no-measurement compile)/``--max-time``, each in a fresh work_dir;
 - ``relax_tune-fp32(...)`` (``--int8-float``): the float ONNX file through the same pipeline
   at the same budgets, so that the info line can say how much faster relax_tune's int8
   model is than its float32 one, timed in the same rounds (issue 45's "2x where VNNI
@@ -117,6 +117,8 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
     info += f"; {n_tasks} relax_tune tasks"
     budgets = sorted({*args.trials, *(k * n_tasks for k in args.trials_per_task)})
     runs = [(f"{b}", {"max_trials_global": b}) for b in budgets if b > 0]
+    runs += [(f"{secs:g}s", {"measure": False} if secs == 0 else {"max_time": secs})
+             for secs in args.seconds]  # 0: the no-measurement compile
     runs += [(f"{args.max_time:g}s", {"max_time": args.max_time,
                                       "max_trials_global": args.max_time_trials})] \
         if args.max_time else []
