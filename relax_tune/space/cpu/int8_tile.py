@@ -40,9 +40,10 @@ def write_back_and_pack(sch: Schedule, main: SBlockRV, tile_loop: LoopRV,
     ``packed``. Returns the write-back block and the packing block.
 
     The write-back is annotated ``ANN_TILED`` ("int8_tiles"): the candidate tiles for reuse,
-    so the no-measurement compile (``tuning.predict``) takes it over the untuned function,
-    a serial scalar loop nest 28x-580x slower (docs/design/int8.md, Intel Xeon). It is on
-    the write-back, a copy, because the register-tile check reads it on reductions."""
+    so the no-measurement compile (``tuning.predict``) takes it over the untuned function
+    (a serial scalar loop nest, 28x-580x slower on the Intel Xeon: docs/design/int8.md) also
+    on tensors too small for its untiled rule. It is on the write-back, a copy, because the
+    register-tile check reads it on reductions."""
     back = sch.cache_write(main, 0, "global")
     sch.annotate(back, ANN_TILED, "int8_tiles")
     sch.reverse_compute_at(back, tile_loop, preserve_unit_loops=True)
