@@ -150,7 +150,7 @@ class Int8DotProduct(FunctionRule):
     Args:
         params: the target's parameters (cores).
         intrinsic: the tensor intrinsic's name (``int8_intrin.int8_dot_intrinsic``).
-        max_register_rows: largest number of rows in the register tile (half of it for
+        max_register_rows: largest number of rows in the register tile (one fewer for
             instructions on 16 registers).
         max_register_vectors: largest number of ``lanes``-channel vectors in the register
             tile.
@@ -219,8 +219,12 @@ class Int8DotProduct(FunctionRule):
         o0a, o0b = sch.split(o0, sch.sample_perfect_tile(
             o0, n=2, max_innermost_factor=self.max_register_vectors))
         r0, r1 = sch.split(loops[shape.r], [None, depth])
-        # 16 ymm registers (AVX2, AVX-VNNI) hold half the accumulators of 32 zmm
-        rows = self.max_register_rows if inst.registers >= 32 else self.max_register_rows // 2
+        # 16 ymm registers (AVX2, AVX-VNNI): up to 7 rows, for 7-row tiles of one vector
+        # (7 accumulators): 7x7 and 14x14 layers have no row count from 3 to 6, and their
+        # 1-row tiles read each weight once per pixel (7-bit 7x7x512 conv: 676 against 727
+        # us, AMD EPYC without AVX-512, 2 threads, 40 trials each); wider tiles of more
+        # rows spill and lose when measured
+        rows = self.max_register_rows if inst.registers >= 32 else self.max_register_rows - 1
         m0, m1 = sch.split(loops[shape.m], sch.sample_perfect_tile(
             loops[shape.m], n=2, max_innermost_factor=rows))
         outer = [loops[i] for i in shape.spatial if i not in (shape.m, shape.o)]
