@@ -543,8 +543,8 @@ def test_a_reduce_range_model_is_exact_on_vpmaddubsw(tmp_path):
 @pytest.mark.parametrize("reduce_range", [False, True])
 def test_predicted_int8_kernels_are_faster_than_their_untuned_functions(
         reduce_range, target, tmp_path, shared_builder, shared_runner):
-    """The no-measurement compile takes the tensorized int8 sketches (they tile for reuse:
-    ``ANN_TILED`` on their write-back) and, kernel by kernel on this host's instruction
+    """The no-measurement compile takes the tensorized int8 sketches (a ``Tensorize`` tiles
+    for reuse: ``predict.tiles_for_reuse``) and, kernel by kernel on this host's instruction
     (AVX2: ``vpmaddwd``, or ``vpmaddubsw`` on 7-bit weights), each runs faster than the
     untuned function it replaces, timed by the tuner's own builder and runner."""
     if int8_dot_intrinsic(target) is None:

@@ -28,6 +28,8 @@ from tvm import relax, te
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from .rewrite import constant
+from ..space.cpu.amx_intrin import has_amx
+from ..space.params import target_params
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +46,6 @@ def column_group_bytes(target: tvm.target.Target) -> int:
     64-byte vectors, else its vector width, at least 32 (a column row of 8 RGBA pixels).
     On AVX2 the stem's columns are then 224 bytes, not 256: 12.5% less of the 1x1
     convolution's work, all of it on zero weights (147 bytes are real)."""
-    from ..space.cpu.amx_intrin import has_amx
-    from ..space.params import target_params
-
     return GROUP_BYTES if has_amx(target) else max(32, target_params(target).vector_bytes)
 
 OPAQUE = 8  # relax's OpPatternKind kOpaque: FuseOps leaves the call alone

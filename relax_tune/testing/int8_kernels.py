@@ -11,13 +11,19 @@ import tvm
 from tvm import relax
 
 
+WEIGHT_BOUND = {8: 127, 7: 64}
+"""The symmetric s8 weights' largest magnitude, by bits: ONNX Runtime's quantizer writes
+[-127, 127], and [-64, 64] with ``reduce_range`` (every pair then within
+``int8_intrin.NARROW_PAIR_LIMIT``)."""
+
+
 def integer_kernel(kind: str, target: tvm.target.Target, rows: int = 16, reduce: int = 64,
                    channels: int = 32, size: int = 8, zero_point: int | None = None,
                    weights_bound: bool = False, weight_bits: int = 8) -> tvm.IRModule:
     """The int8 task of a one-layer model written with the Relax ops ``IntegerQDQ`` emits,
     lowered for ``target`` (``lowering_passes``; ``weights_bound``: the weight marked
     layout-free, as a model's bound weights are, ``cpu_weight_prepack``; ``weight_bits=7``:
-    weights in [-64, 63], as ONNX Runtime's ``reduce_range`` quantizes them, which AVX2's
+    weights in [-64, 64], as ONNX Runtime's ``reduce_range`` quantizes them, which AVX2's
     ``vpmaddubsw`` multiplies exactly: the task is then marked ``NARROW_PAIRS_ATTR``):
 
     - ``kind="matmul"``: u8 ``(rows, reduce)`` x s8 ``(reduce, channels)``;
@@ -33,9 +39,9 @@ def integer_kernel(kind: str, target: tvm.target.Target, rows: int = 16, reduce:
                                              relax.const(np.float32(1 / 4096))))
         return relax.op.astype(relax.op.clip(y, 0, 255), "uint8")
 
-    low = 1 - 2 ** (weight_bits - 1) if weight_bits == 8 else -2 ** (weight_bits - 1)
+    bound = WEIGHT_BOUND[weight_bits]
     return _layer(kind, target, rows, reduce, channels, size, "uint8",
-                  lambda *shape: rng.integers(low, 2 ** (weight_bits - 1), shape).astype("int8"),
+                  lambda *shape: rng.integers(-bound, bound + 1, shape).astype("int8"),
                   None if zero_point is None else float(zero_point), "int32", epilogue,
                   weights_bound)
 
@@ -89,10 +95,11 @@ def kernel_args(mod: tvm.IRModule, seed: int = 0) -> list:
     [-127, 127] (what the quantizer writes; [-64, 64] in a function marked
     ``NARROW_PAIRS_ATTR``, the most its weights may hold), floats in [-1, 1), the output
     last."""
-    from ..space.cpu.int8_intrin import marked_narrow
+    from ..space.cpu.int8_intrin import NARROW_PAIR_LIMIT, marked_narrow
 
     rng = np.random.default_rng(seed)
-    s8 = (-64, 65) if marked_narrow(mod["main"]) else (-127, 128)
+    bound = NARROW_PAIR_LIMIT // 2 if marked_narrow(mod["main"]) else WEIGHT_BOUND[8]
+    s8 = (-bound, bound + 1)
     args = []
     for p in mod["main"].params:
         shape, dtype = [int(d) for d in p.shape], str(p.dtype)

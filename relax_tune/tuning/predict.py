@@ -42,8 +42,12 @@ logger = logging.getLogger(__name__)
 
 
 def tiles_for_reuse(trace_json: list) -> bool:
-    """Whether a candidate's trace tiles a block for data reuse (``ANN_TILED``)."""
-    return ANN_TILED in json.dumps(trace_json)
+    """Whether a candidate's trace tiles a block for data reuse: a rule's ``ANN_TILED``, or
+    a ``Tensorize`` (the int8 and AMX sketches compute register tiles on the instruction;
+    their untuned function is a serial scalar loop nest, 28x-580x slower on the Intel Xeon,
+    docs/design/int8.md)."""
+    text = json.dumps(trace_json)
+    return ANN_TILED in text or '"Tensorize"' in text
 
 
 MIN_UNTILED_ELEMENTS = 32768

@@ -177,17 +177,7 @@ class Int8DotProduct(FunctionRule):
         instruction, and with ``amx`` one on AMX tiles per arrangement of accumulator
         tiles (``amx_tiles.schedule_amx``); ``[]`` otherwise."""
         out: list[Schedule] = []
-        inst = self.instruction
-        narrow = None if inst is None else narrow_variant(inst.name)
-        shape = None
-        if narrow is not None and marked_narrow(sch.mod["main"]):
-            shape = recognise(sch, narrow.lanes, narrow.depth)
-            if shape is not None:
-                inst = narrow
-                register(inst.name)
-        if shape is None and inst is not None:
-            inst = self.instruction
-            shape = recognise(sch, inst.lanes, inst.depth)
+        inst, shape = self._instruction_for(sch)
         if shape is not None:
             out += self._try(sch, lambda s: self._schedule(s, shape, inst))
         amx_shape = recognise(sch, AMX_LANES, AMX_DEPTH) if self.amx else None
@@ -199,6 +189,23 @@ class Int8DotProduct(FunctionRule):
                     sch, lambda s, t=tiles, v=vectors: schedule_amx(
                         s, amx_shape, t, v, self._inline))
         return out
+
+    def _instruction_for(self, sch: Schedule) -> tuple[DotInstruction | None, _Shape | None]:
+        """The instruction for ``sch``'s function and the reduction it tiles: the narrow
+        variant (``vpmaddubsw``) on a function marked ``NARROW_PAIRS_ATTR`` where it tiles,
+        else the target's own; ``(_, None)`` where neither tiles it."""
+        if self.instruction is None:
+            return None, None
+        candidates = [self.instruction]
+        narrow = narrow_variant(self.instruction.name)
+        if narrow is not None and marked_narrow(sch.mod["main"]):
+            candidates.insert(0, narrow)
+        for inst in candidates:
+            shape = recognise(sch, inst.lanes, inst.depth)
+            if shape is not None:
+                register(inst.name)
+                return inst, shape
+        return None, None
 
     @staticmethod
     def _try(sch: Schedule, schedule) -> list[Schedule]:

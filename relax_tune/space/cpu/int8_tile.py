@@ -12,7 +12,6 @@ from typing import Callable
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-from ..params import ANN_TILED
 from .layout_rewrite import PREPROC_ANNOTATION
 
 
@@ -37,15 +36,8 @@ def write_back_and_pack(sch: Schedule, main: SBlockRV, tile_loop: LoopRV,
     """Write ``main``'s output through a buffer written back under ``tile_loop``, fuse
     ``job_loops`` into one parallel loop (before tensorizing: a tensorized block is no
     longer a plain reduction), and pack ``main``'s read ``weight_read`` by the index map
-    ``packed``. Returns the write-back block and the packing block.
-
-    The write-back is annotated ``ANN_TILED`` ("int8_tiles"): the candidate tiles for reuse,
-    so the no-measurement compile (``tuning.predict``) takes it over the untuned function
-    (a serial scalar loop nest, 28x-580x slower on the Intel Xeon: docs/design/int8.md) also
-    on tensors too small for its untiled rule. It is on the write-back, a copy, because the
-    register-tile check reads it on reductions."""
+    ``packed``. Returns the write-back block and the packing block."""
     back = sch.cache_write(main, 0, "global")
-    sch.annotate(back, ANN_TILED, "int8_tiles")
     sch.reverse_compute_at(back, tile_loop, preserve_unit_loops=True)
     sch.parallel(sch.fuse(*job_loops))
     packer = sch.cache_read(main, weight_read, "global")
