@@ -24,6 +24,7 @@ from .im2col import ColumnsForFewChannels, column_group_bytes
 from .int8 import IntegerQDQ
 from .int8_pairs import MarkNarrowWeightPairs
 from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul
+from .raise_elementwise import RaiseElementwiseCalls
 from .shape_bounds import SimplifyBoundedShapes
 from .winograd import WinogradConvolutions
 from ..utils import RelaxTuneError, parse_target
@@ -78,7 +79,8 @@ def backend_pipeline(target: tvm.target.Target):
 def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
                  int8: bool = True) -> list[tvm.transform.Pass]:
     """Graph-level work done before any kernel exists, as ONNX Runtime does before its
-    kernels run: the quantized convolutions and matmuls of a QDQ model are computed in
+    kernels run: elementwise kernels written at import (TVM's ONNX ``Clip``) become Relax
+    operators again (``raise_elementwise.RaiseElementwiseCalls``), the quantized convolutions and matmuls of a QDQ model are computed in
     integers unless ``int8`` is False (``int8.IntegerQDQ``; first, while the quantized
     weights are still constants of their own), shapes are simplified with the bounds of their symbolic variables
     (``shape_bounds.SimplifyBoundedShapes``), batch norms after convolutions are folded into
@@ -93,6 +95,7 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
     ``winograd`` is False (``winograd.WinogradConvolutions``), and constants are folded."""
     cpu = target is not None and target.kind.name == "llvm"
     return [
+        RaiseElementwiseCalls(),  # ONNX's Clip, imported as kernels: operators again
         *([IntegerQDQ()] if int8 else []),
         SimplifyBoundedShapes(),  # a position table sliced to a bounded sequence length
         relax.transform.FoldConstant(),  # bias reshapes of bound weights become constants
