@@ -9,7 +9,9 @@ Each ``next_candidates`` call:
    invalid ones are dropped), adding the new ones to the pool;
 3. returns ``n`` candidates: the best-predicted pool entries, except an ``epsilon`` share
    drawn at random from the pool (exploration while the model is still wrong); the first
-   batch starts with one of each sketch that tensorizes (``sketch_leads``).
+   batch starts with the schedule ``best_predicted`` chose (the one a no-measurement
+   compile applies: measured first, a task's tuned best is never behind it), then one of
+   each sketch that tensorizes (``sketch_leads``).
 
 Steps 1 and 2 end early after ``max_fail_streak`` invalid or duplicate samples (mutants) in
 a row; step 1 sooner, after ``MIN_TIMED_POOL`` samples with nothing new, half of them repeats
@@ -228,6 +230,7 @@ class EvolutionarySearch(SearchStrategy):
         self._clock = PoolClock()  # the time of the pool being grown
         self._transferred: list[tuple[str, bool]] = []  # (key, close enough to apply unmeasured)
         self._transfer_tried = False
+        self._predicted_key: str | None = None  # best_predicted's choice: leads batch one
         self._repeats = 0  # samples dropped as repeats of a pooled or returned program
         self.errors: dict[str, int] = {}
         """Why samples and mutants were dropped: reason -> count."""
@@ -455,6 +458,7 @@ class EvolutionarySearch(SearchStrategy):
         transferred = [e for e in self._transferred_entries(applicable_only=True)
                        if e.cand.key not in exclude]
         if transferred:
+            self._predicted_key = transferred[0].cand.key
             return transferred[0].cand
         if not model_ranks:
             return None
@@ -467,7 +471,11 @@ class EvolutionarySearch(SearchStrategy):
         unfit = {e.cand.key for e in self._transferred_entries()}
         entries = [e for e in self._pool.values() if e.cand.key not in exclude]
         entries = [e for e in entries if e.cand.key not in unfit] or entries
-        return max(entries, key=lambda e: e.score).cand if entries else None
+        if not entries:
+            return None
+        best = max(entries, key=lambda e: e.score).cand
+        self._predicted_key = best.key
+        return best
 
     def prepare(self, exclude: set[str] | frozenset[str] = frozenset()) -> None:
         """Grow the pool for the next call now: fresh samples and the mutation rounds, from
@@ -549,6 +557,13 @@ class EvolutionarySearch(SearchStrategy):
         if not self._given:  # the first batch: one of each tensorizing sketch leads
             first = tensorized_leads(ranked, self.replayer.sketches)[:n]
             ranked = first + [e for e in ranked if all(e is not f for f in first)]
+            # ahead of them the predicted schedule: once a task is measured its predicted
+            # one is no longer applied, so it must be among the measured. Scores change as
+            # the model learns other tasks' batches, and a batch of 4 once left it out:
+            # ONNX MobileNetV2 ran 18.9 ms after 60 s of tuning, 9.8 ms predicted (EPYC)
+            lead = self._pool.get(self._predicted_key) if self._predicted_key else None
+            if lead is not None:
+                ranked = [lead] + [e for e in ranked if e is not lead]
         n_random = min(len(ranked), int(math.floor(epsilon * n + self.rng.random())))
         n_best = min(len(ranked), n - n_random)
         chosen = ranked[:n_best]
