@@ -301,7 +301,7 @@ class LimitRegisterTile(Postproc):
         whole spatial output) of every tiled reduction block. Reads the IR only: schedule
         queries would be recorded in the trace (in the sketch part, during ``precheck``)."""
         body = sch.mod[A.func_name_of(sch)].body
-        for blk, inner, whole in _register_tiles(body, self.params.max_innermost_generic):
+        for blk, inner, whole in _register_tiles(body, self.params):
             yield self.params.lanes(A._buffer_dtype(blk.writes[0].source)), inner, whole
 
 
@@ -318,26 +318,42 @@ def _largest_divisor(extent: int, bound: int) -> int:
     return max((d for d in range(1, min(extent, bound) + 1) if extent % d == 0), default=1)
 
 
-def _register_tiles(stmt, max_inner: int, loops: tuple = ()):
+def _reachable(extents: list[int], params: TargetParams, lanes: int) -> int:
+    """The largest register tile, in elements, that ``MultiLevelTiling._tile`` can sample
+    for spatial axes of these ``extents``: on the vectorised axis (the last one above 1)
+    whole vectors, at most ``max_vector_registers_per_loop`` of them, when the lanes divide
+    it; on the others a divisor up to ``max_innermost_generic``."""
+    vec = max((i for i, e in enumerate(extents) if e != 1), default=None)
+    whole = 1
+    for i, extent in enumerate(extents):
+        if i == vec and lanes > 1 and extent % lanes == 0:
+            whole *= lanes * _largest_divisor(extent // lanes,
+                                              max(1, params.max_vector_registers_per_loop))
+        else:
+            whole *= _largest_divisor(extent, params.max_innermost_generic)
+    return whole
+
+
+def _register_tiles(stmt, params: TargetParams, loops: tuple = ()):
     """(block, register-tile loops, reachable elements) of every tiled reduction block under
     ``stmt`` (an update after decomposition included). The register tile is the spatial
     loops inside the block's last reduction loop; ``loops``: the enclosing Fors. Reachable
-    elements: the largest register tile perfect tiles can give (per spatial axis its largest
-    divisor up to ``max_inner``): with prime extents such as a ViT's 197 tokens it is tiny,
-    and no sample could meet the minimum."""
+    elements: the largest register tile the sampled tiles can give (``_reachable``): with
+    prime extents such as a ViT's 197 tokens it is tiny, and no sample could meet the
+    minimum; a classifier's 1 x 1000 output (125 vectors of 8: 5 x 5 x 5) has one vector."""
     if isinstance(stmt, tvm.tirx.For):
-        yield from _register_tiles(stmt.body, max_inner, loops + (stmt,))
+        yield from _register_tiles(stmt.body, params, loops + (stmt,))
     elif isinstance(stmt, tvm.tirx.SeqStmt):
         for child in stmt.seq:
-            yield from _register_tiles(child, max_inner, loops)
+            yield from _register_tiles(child, params, loops)
     elif isinstance(stmt, tvm.s_tir.SBlockRealize):
         blk = stmt.block
         if ANN_TILED in blk.annotations and (blk.init is not None or _updates(blk)):
             reduce_vars: set = set()
-            whole = 1
+            extents = []
             for iv, value in zip(blk.iter_vars, stmt.iter_values):
                 if int(iv.iter_type) == A.DATA_PAR:
-                    whole *= _largest_divisor(A._const_int(iv.dom.extent) or 1, max_inner)
+                    extents.append(A._const_int(iv.dom.extent) or 1)
                 else:
                     reduce_vars |= set(tvm.tirx.analysis.undefined_vars(value))
             inner: list = []
@@ -345,7 +361,8 @@ def _register_tiles(stmt, max_inner: int, loops: tuple = ()):
                 if loop.loop_var in reduce_vars:
                     break
                 inner.insert(0, loop)
-            yield blk, inner, whole
-        yield from _register_tiles(blk.body, max_inner, ())
+            lanes = params.lanes(A._buffer_dtype(blk.writes[0].source))
+            yield blk, inner, _reachable(extents, params, lanes)
+        yield from _register_tiles(blk.body, params, ())
     elif hasattr(stmt, "body") and isinstance(getattr(stmt, "body"), tvm.tirx.Stmt):
-        yield from _register_tiles(stmt.body, max_inner, loops)
+        yield from _register_tiles(stmt.body, params, loops)
