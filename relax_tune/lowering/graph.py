@@ -102,7 +102,9 @@ def _patch_conv(matched: relax.Expr, matches: dict, x_pat, w_pat) -> relax.Expr:
         relax.op.reshape(x, [n, c, hp, kh, wp, kw]), [0, 2, 4, 1, 3, 5]),
         [n * hp * wp, c * kh * kw])
     weight = relax.const(np.ascontiguousarray(w.reshape(o, c * kh * kw).T))
-    out = relax.op.matmul(rows, weight, out_dtype=attrs.out_dtype or "")
+    # TVM's ONNX importer leaves out_dtype unset (None): the matmul then keeps its inputs'
+    out_dtype = None if str(attrs.out_dtype) in ("", "None", "void") else str(attrs.out_dtype)
+    out = relax.op.matmul(rows, weight, out_dtype=out_dtype)
     return relax.op.permute_dims(relax.op.reshape(out, [n, hp, wp, o]), [0, 3, 1, 2])
 
 
