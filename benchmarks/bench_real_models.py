@@ -8,7 +8,8 @@ checked and timed in one run.
     python -m benchmarks.bench_real_models --int8 --models resnet18 --max-time 300  # int8
 
 Models (random weights, batch 1, float32; ``--small`` shrinks the inputs for a quick run):
-- ``resnet18``, ``mobilenet_v2`` (and, by name only, ``mobilenet_v3_small``): torchvision,
+- ``resnet18``, ``mobilenet_v2`` (and, by name only, ``mobilenet_v3_small`` and
+  ``efficientnet_b0``): torchvision,
   1x3x224x224 (small: 64x64).
 - ``bert``: a BERT-base-shaped encoder cut down to 4 post-norm ``nn.TransformerEncoderLayer``
   (d 256, 4 heads, ff 1024, GELU) over token + position embeddings; int64 token ids, seq 128

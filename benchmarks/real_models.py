@@ -10,11 +10,13 @@ import types
 MODEL_NAMES = ["resnet18", "mobilenet_v2", "bert", "vit"]
 """The benchmark's default models."""
 
-MORE_MODEL_NAMES = ["mobilenet_v3_small"]
+MORE_MODEL_NAMES = ["mobilenet_v3_small", "efficientnet_b0"]
 """Models a run may name besides the defaults: torchvision's MobileNetV3-Small (squeeze-and-
-excite blocks, hardswish; issue 43's model that no earlier table or test used)."""
+excite blocks, hardswish; issue 43's model that no earlier table or test used, on the Intel
+Xeon) and EfficientNet-B0 (squeeze-and-excite, SiLU, 3x3 and 5x5 depthwise convolutions;
+the AVX2 table's fifth model, session 13)."""
 
-TORCHVISION_CNNS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small")
+TORCHVISION_CNNS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0")
 
 NOTES: list[str] = []
 """What this process had to work around, printed under the benchmark's table."""
