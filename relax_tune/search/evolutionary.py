@@ -9,9 +9,8 @@ Each ``next_candidates`` call:
    invalid ones are dropped), adding the new ones to the pool;
 3. returns ``n`` candidates: the best-predicted pool entries, except an ``epsilon`` share
    drawn at random from the pool (exploration while the model is still wrong); the first
-   batch starts with the schedule ``best_predicted`` chose (the one a no-measurement
-   compile applies: measured first, a task's tuned best is never behind it), then one of
-   each sketch that tensorizes (``sketch_leads``).
+   batch starts with ``best_predicted``'s choice, then one of each tensorizing sketch
+   (``sketch_leads``: a task's tuned best is never behind its predicted schedule).
 
 Steps 1 and 2 end early after ``max_fail_streak`` invalid or duplicate samples (mutants) in
 a row; step 1 sooner, after ``MIN_TIMED_POOL`` samples with nothing new, half of them repeats
@@ -31,10 +30,7 @@ model's preferences to their extreme, where on a CPU it was not trained on it is
 
 With ``small_pool_share`` above 0 (default 0: off), that share of the first batch is the
 best-predicted of a small pool grown first (``SMALL_POOL``), a hedge against the model's
-errors at the extremes of a large pool; off because convolutions lost half of their only
-batch to it (a whole model at 8 trials per task).
-
-The measurements behind these choices: docs/design/first-pool.md.
+errors at the extremes of a large pool. The measurements: docs/design/first-pool.md.
 
 With a transfer source (``SearchContext.transfer``), the first pool also gets the best
 schedules of the task's closest alike workloads, refitted to its shapes
@@ -73,7 +69,7 @@ from .base import Candidate, SearchContext, SearchStrategy
 from .mutators import Mutator, default_mutators
 from .pool_clock import MIN_TIMED_POOL, PoolClock
 from .replayer import Job, Outcome, Replayer, decisions_of, with_decisions
-from .sketch_leads import tensorized_leads
+from .sketch_leads import first_batch_order
 
 logger = logging.getLogger("relax_tune.search")
 
@@ -471,10 +467,8 @@ class EvolutionarySearch(SearchStrategy):
         unfit = {e.cand.key for e in self._transferred_entries()}
         entries = [e for e in self._pool.values() if e.cand.key not in exclude]
         entries = [e for e in entries if e.cand.key not in unfit] or entries
-        if not entries:
-            return None
-        best = max(entries, key=lambda e: e.score).cand
-        self._predicted_key = best.key
+        best = max(entries, key=lambda e: e.score).cand if entries else None
+        self._predicted_key = best.key if best is not None else None
         return best
 
     def prepare(self, exclude: set[str] | frozenset[str] = frozenset()) -> None:
@@ -554,16 +548,8 @@ class EvolutionarySearch(SearchStrategy):
             first = small[:int(round(self.small_pool_share * n))]
             taken = {e.cand.key for e in first}
             ranked = first + [e for e in ranked if e.cand.key not in taken]
-        if not self._given:  # the first batch: one of each tensorizing sketch leads
-            first = tensorized_leads(ranked, self.replayer.sketches)[:n]
-            ranked = first + [e for e in ranked if all(e is not f for f in first)]
-            # ahead of them the predicted schedule: once a task is measured its predicted
-            # one is no longer applied, so it must be among the measured. Scores change as
-            # the model learns other tasks' batches, and a batch of 4 once left it out:
-            # ONNX MobileNetV2 ran 18.9 ms after 60 s of tuning, 9.8 ms predicted (EPYC)
-            lead = self._pool.get(self._predicted_key) if self._predicted_key else None
-            if lead is not None:
-                ranked = [lead] + [e for e in ranked if e is not lead]
+        if not self._given:  # the first batch: the predicted and tensorizing ones lead
+            ranked = first_batch_order(ranked, self.replayer.sketches, n, self._predicted_key)
         n_random = min(len(ranked), int(math.floor(epsilon * n + self.rng.random())))
         n_best = min(len(ranked), n - n_random)
         chosen = ranked[:n_best]
