@@ -72,7 +72,7 @@ def elementwise_op(func: tirx.PrimFunc):
         tvm_ffi.structural_equal(iv.dom.extent, n) for iv, n in zip(block.iter_vars, out.shape))
     value = store.value
     make = BINARY_OPS.get(type(value))
-    if (make is None or not spatial or not full or not store.buffer.same_as(out)
+    if (make is None or not spatial or not full
             or not _reads_at(store, out, indices) or not _reads_at(value.a, a, indices)
             or a.dtype != out.dtype or b.dtype != out.dtype
             or (make is relax.op.divide and not out.dtype.startswith("float"))):
@@ -114,8 +114,7 @@ class RaiseElementwiseCalls:
             if isinstance(func, relax.Function):
                 out.update_func(gv, Raise(out).visit_expr(func))
         # the importer computes Clip's bounds (NaN guards on constants): fold them first
-        out = relax.transform.FoldConstant()(relax.transform.DeadCodeElimination()(out))
-        return relax.transform.DeadCodeElimination()(clips(out))
+        return relax.transform.DeadCodeElimination()(clips(relax.transform.FoldConstant()(out)))
 
 
 def clips(mod: tvm.IRModule) -> tvm.IRModule:
@@ -127,8 +126,8 @@ def clips(mod: tvm.IRModule) -> tvm.IRModule:
     def rewrite(matched, m):
         low, high = constant(m[lo]), constant(m[hi])
         if low is None or high is None or low.size != 1 or high.size != 1 \
-                or not low.reshape(()) <= high.reshape(()):
+                or low.item() > high.item():
             return matched
-        return relax.op.clip(m[x], float(low.reshape(())), float(high.reshape(())))
+        return relax.op.clip(m[x], float(low.item()), float(high.item()))
 
     return rewrite_functions(mod, pattern, rewrite)

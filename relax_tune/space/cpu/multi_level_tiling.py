@@ -300,9 +300,7 @@ class LimitRegisterTile(Postproc):
         """(SIMD lanes of the written type, the loops of the register tile, elements of the
         whole spatial output) of every tiled reduction block. Reads the IR only: schedule
         queries would be recorded in the trace (in the sketch part, during ``precheck``)."""
-        body = sch.mod[A.func_name_of(sch)].body
-        for blk, inner, whole in _register_tiles(body, self.params):
-            yield self.params.lanes(A._buffer_dtype(blk.writes[0].source)), inner, whole
+        yield from _register_tiles(sch.mod[A.func_name_of(sch)].body, self.params)
 
 
 def _updates(blk) -> bool:
@@ -335,12 +333,13 @@ def _reachable(extents: list[int], params: TargetParams, lanes: int) -> int:
 
 
 def _register_tiles(stmt, params: TargetParams, loops: tuple = ()):
-    """(block, register-tile loops, reachable elements) of every tiled reduction block under
-    ``stmt`` (an update after decomposition included). The register tile is the spatial
-    loops inside the block's last reduction loop; ``loops``: the enclosing Fors. Reachable
-    elements: the largest register tile the sampled tiles can give (``_reachable``): with
-    prime extents such as a ViT's 197 tokens it is tiny, and no sample could meet the
-    minimum; a classifier's 1 x 1000 output (125 vectors of 8: 5 x 5 x 5) has one vector."""
+    """(SIMD lanes of the written type, register-tile loops, reachable elements) of every
+    tiled reduction block under ``stmt`` (an update after decomposition included). The
+    register tile is the spatial loops inside the block's last reduction loop; ``loops``:
+    the enclosing Fors. Reachable elements: the largest register tile the sampled tiles can
+    give (``_reachable``): with prime extents such as a ViT's 197 tokens it is tiny, and no
+    sample could meet the minimum; a classifier's 1 x 1000 output (125 vectors of 8:
+    5 x 5 x 5) has one vector."""
     if isinstance(stmt, tvm.tirx.For):
         yield from _register_tiles(stmt.body, params, loops + (stmt,))
     elif isinstance(stmt, tvm.tirx.SeqStmt):
@@ -362,7 +361,7 @@ def _register_tiles(stmt, params: TargetParams, loops: tuple = ()):
                     break
                 inner.insert(0, loop)
             lanes = params.lanes(A._buffer_dtype(blk.writes[0].source))
-            yield blk, inner, _reachable(extents, params, lanes)
+            yield lanes, inner, _reachable(extents, params, lanes)
         yield from _register_tiles(blk.body, params, ())
     elif hasattr(stmt, "body") and isinstance(getattr(stmt, "body"), tvm.tirx.Stmt):
         yield from _register_tiles(stmt.body, params, loops)
