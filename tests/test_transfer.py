@@ -13,7 +13,7 @@ from relax_tune.database.records import candidate_key, is_baseline
 from relax_tune.space import space_for_target
 from relax_tune.space.params import target_params
 from relax_tune.testing.workloads import matmul_mod
-from relax_tune.transfer.refit import kept_share
+from relax_tune.transfer.refit import kept_share, refit_trace, register_fallbacks
 from relax_tune.transfer import (TransferSource, fit_tile, library_database,
                                  shape_distance, workload_shape)
 from relax_tune.utils import args_info, normalize_mod, schedule_from_json, trace_to_json
@@ -193,3 +193,57 @@ def test_the_library_keeps_the_best_record_of_each_machine_class(target, tmp_pat
     assert len(rt.JSONDatabase(work_dir=out).get_all_tuning_records()) == 2
     export({"here": str(tmp_path / "here")}, out)  # without --add: this class alone
     assert len(rt.JSONDatabase(work_dir=out).get_all_tuning_records()) == 1
+
+
+def _matmul(m: int, n: int = 64, k: int = 64) -> tvm.IRModule:
+    a, b = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return normalize_mod(te.create_prim_func([a, b, c]))
+
+
+def _tiles(trace) -> list[list[int]]:
+    insts, decisions = trace_to_json(trace)
+    return [d for i, d in decisions if insts[i][0] == "SamplePerfectTile"]
+
+
+def test_a_register_tile_grown_past_the_registers_falls_back_to_one_that_fits(target, tmp_path):
+    """Rows of two vectors filling the register budget at 2s rows (s rows a tile) become
+    s+1 rows at 2(s+1): past the budget, LimitRegisterTile rejects the nearest fit (it left
+    MobileNetV2's heaviest 1x1 convolutions to the model's choice on a Zen 3). The
+    no-measurement compile then applies a fallback with the same cache tiles that fits."""
+    params = target_params(target)
+    s = (params.vector_registers - 4) // 2  # s rows of 2 vectors: the whole budget
+    space = space_for_target(target)
+    src_mod, new_mod = _matmul(2 * s), _matmul(2 * (s + 1))
+    sketch = space.generate_design_space(src_mod)[0]
+    tiles = [i for i in sketch.insts if i.kind.name == "SamplePerfectTile"]
+    vectors = 64 * 4 // params.vector_bytes
+    trace = sketch.with_decision(tiles[0], [2, 1, 1, s], True)
+    trace = trace.with_decision(tiles[1], [vectors // 2, 1, 1, 2], True)
+    source = space.replay(src_mod, trace)
+    assert source.ok, source.error
+    refitted, why = refit_trace(source.sch, new_mod)
+    assert refitted is not None, why
+    assert _tiles(refitted.trace)[0][-1] == s + 1  # the nearest divisor: one row more
+    nearest = space.replay(new_mod, refitted.trace)
+    assert not nearest.ok and "LimitRegisterTile" in nearest.error
+    fallbacks = register_fallbacks(refitted)
+    fits = [f for f in fallbacks if space.replay(new_mod, f).ok]
+    assert fits, [_tiles(f) for f in fallbacks]
+    for f in fallbacks:  # the same cache tiles: every tiling's inner levels multiply alike
+        for a, b in zip(_tiles(f), _tiles(refitted.trace)):
+            assert int(np.prod(a[1:])) == int(np.prod(b[1:])) and a[0] == b[0]
+
+    wd = str(tmp_path)
+    db = rt.JSONDatabase(work_dir=wd)
+    db.commit_tuning_record(TuningRecord(trace_to_json(source.sch.trace),
+                                         db.commit_workload(src_mod), [1e-4], target,
+                                         args_info(src_mod)))
+    runner = CountingRunner()
+    (report,) = rt.tune_tasks(rt.extract_tasks(new_mod, target), wd, measure=False,
+                              runner=runner)
+    assert runner.calls == 0 and report.predicted
+    (record,) = [r for r in WorkDir(wd).open_predicted().database.get_all_tuning_records()
+                 if args_info(r.workload.mod) == args_info(new_mod)]
+    assert _tiles(schedule_from_json(new_mod, record.trace_json).trace)[:2] == _tiles(fits[0])[:2]

@@ -69,7 +69,7 @@ from .base import Candidate, SearchContext, SearchStrategy
 from .mutators import Mutator, default_mutators
 from .pool_clock import MIN_TIMED_POOL, PoolClock
 from .replayer import Job, Outcome, Replayer, decisions_of, with_decisions
-from .sketch_leads import first_batch_order
+from .sketch_leads import first_batch_order, replay_transferred
 
 logger = logging.getLogger("relax_tune.search")
 
@@ -525,11 +525,11 @@ class EvolutionarySearch(SearchStrategy):
         except Exception as err:  # noqa: BLE001 - a transfer is a bonus, never a failure
             logger.debug("transfer for %s failed: %s", self.task, err)
             return
-        # replayed together: more than the replayer's group go to the builder's idle workers
-        jobs = [Job(self.replayer.sketch_index(without_decisions(item.trace)),
-                    decisions_of(item.trace), self._seed()) for item in found]
-        for item, job, out in zip(found, jobs, self._replay(jobs) if jobs else []):
-            if self._add(job, out, exclude):
+        def job(trace: Trace) -> Job:
+            return Job(self.replayer.sketch_index(without_decisions(trace)),
+                       decisions_of(trace), self._seed())
+        for item, (job_, out) in zip(found, replay_transferred(found, job, self._replay)):
+            if self._add(job_, out, exclude):
                 self._transferred.append((out.key, item.same_class and (
                     item.distance <= MAX_APPLY_DISTANCE and item.kept >= MIN_APPLY_KEPT)))
 

@@ -9,12 +9,18 @@ schedule found and what carries over between shapes; the outer ones are mostly p
 follow the shape. A compute location that does not exist in the new loop nest is sampled
 afresh on a second try. The result goes through the design space's postprocessing and
 checks like any candidate.
+
+A nearest divisor can be larger than the source's tile: a register tile of 5 rows becomes
+7 on a 14x14 map, and 7 rows of two vectors need more registers than the target has (the
+postprocessing rejects it). ``register_fallbacks`` lists other register tiles of the same
+cache tiles to try then: each tiling's innermost factor capped at the source's, or one
+tiling's innermost moved a level out (7 rows of one vector instead of two).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tvm
 from tvm.s_tir import Schedule, Trace
@@ -43,6 +49,39 @@ def fit_tile(factors: list[int], extent: int) -> list[int]:
     return out
 
 
+def _move_out(tile: list[int], cap: int) -> list[int]:
+    """``tile`` with its innermost factor cut to its largest divisor up to ``cap``, the
+    rest of it joining the level above."""
+    inner = max(d for d in range(1, max(cap, 1) + 1) if tile[-1] % d == 0)
+    return tile[:-2] + [tile[-2] * (tile[-1] // inner), inner]
+
+
+def register_fallbacks(refitted: "Refitted") -> list[Trace]:
+    """Other register tiles for ``refitted``'s trace, the same cache tiles (every tiling's
+    product of inner levels unchanged): first each grown innermost factor capped at the
+    source's, then, for one tiling of three levels or more at a time, its innermost moved
+    a level out. Distinct, and none the trace itself."""
+    trace = refitted.trace
+    tiles = [(inst, [int(x) for x in trace.decisions[inst]]) for inst in trace.insts
+             if inst.kind.name == "SamplePerfectTile" and inst in trace.decisions]
+    sources = refitted.sources
+    choices = [[(inst, _move_out(t, src[-1])) for (inst, t), src in zip(tiles, sources)
+                if len(t) > 1 and t[-1] > src[-1]]]
+    choices += [[(inst, _move_out(t, 1))] for inst, t in tiles if len(t) > 2 and t[-1] > 1]
+    out, seen = [], {str([t for _, t in tiles])}
+    for changes in choices:
+        new = dict((id(inst), t) for inst, t in changes)
+        key = str([new.get(id(inst), t) for inst, t in tiles])
+        if not changes or key in seen:
+            continue
+        seen.add(key)
+        for inst, t in changes:
+            trace = trace.with_decision(inst, t, True)
+        out.append(trace)
+        trace = refitted.trace
+    return out
+
+
 def kept_share(factors: list[int], fitted: list[int]) -> float:
     """How close the fitted inner tiles (all factors but the outermost) are in size to the
     source's: the smaller of their products over the larger (1.0: the same tile)."""
@@ -52,7 +91,7 @@ def kept_share(factors: list[int], fitted: list[int]) -> float:
 
 
 def _apply(sketch: Trace, mod: tvm.IRModule, keep_locations: bool,
-           shares: list[float]) -> Schedule:
+           shares: list[float], sources: list[list[int]]) -> Schedule:
     sch = Schedule(mod, seed=1, error_render_level="none")
 
     def provide(inst, inputs, _attrs, decision):
@@ -63,6 +102,7 @@ def _apply(sketch: Trace, mod: tvm.IRModule, keep_locations: bool,
                 factors = [int(x) for x in decision]
                 fitted = fit_tile(factors, int(extent))
                 shares.append(kept_share(factors, fitted))
+                sources.append(factors)
                 return fitted
         if name == "SampleComputeLocation" and not keep_locations:
             return None
@@ -82,6 +122,8 @@ class Refitted:
 
     trace: Trace
     kept: float
+    sources: list = field(default_factory=list)
+    """The source's factors of each fitted tiling, in the trace's order."""
 
 
 def refit_trace(source: Schedule, mod: tvm.IRModule) -> tuple[Refitted | None, str]:
@@ -91,10 +133,11 @@ def refit_trace(source: Schedule, mod: tvm.IRModule) -> tuple[Refitted | None, s
     error = ""
     for keep_locations in (True, False):
         shares: list[float] = []
+        sources: list[list[int]] = []
         try:
-            sch = _apply(sketch, mod, keep_locations, shares)
+            sch = _apply(sketch, mod, keep_locations, shares, sources)
         except Exception as err:  # noqa: BLE001 - a trace that does not carry over
             error = error_line(err, with_type=True)
             continue
-        return Refitted(sketch_part(sch.trace), min(shares, default=1.0)), ""
+        return Refitted(sketch_part(sch.trace), min(shares, default=1.0), sources), ""
     return None, f"does not replay on this workload: {error}"

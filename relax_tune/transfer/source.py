@@ -21,7 +21,7 @@ from ..database import Database
 from ..database.records import is_baseline
 from ..space.params import target_params
 from ..utils import schedule_from_json, structural_hash
-from .refit import refit_trace
+from .refit import refit_trace, register_fallbacks
 from .similarity import Shape, shape_distance, workload_shape
 
 logger = logging.getLogger(__name__)
@@ -32,12 +32,15 @@ class Transferred:
     """A schedule carried over from an alike workload: its trace on the new workload
     (sketch part, decisions fitted), how far the source's shapes were (``distance``), the
     least share of a tiling's inner tiles the fitting kept (``kept``, ``refit.Refitted``)
-    and whether it was tuned on a machine of this one's class."""
+    and whether it was tuned on a machine of this one's class. ``fallbacks``: the same cache
+    tiles with other register tiles (``refit.register_fallbacks``), to try in order when
+    this one's register tiles do not fit the target."""
 
     trace: Trace
     distance: float
     same_class: bool
     kept: float = 1.0
+    fallbacks: tuple = ()
 
 
 def machine_class(target: tvm.target.Target | str | dict) -> tuple:
@@ -146,5 +149,6 @@ class TransferSource:
             if refitted is None:
                 logger.debug("transfer: %s", why)
                 continue
-            out.append(Transferred(refitted.trace, distance, same, refitted.kept))
+            out.append(Transferred(refitted.trace, distance, same, refitted.kept,
+                                   tuple(register_fallbacks(refitted))))
         return out
