@@ -15,7 +15,7 @@ from relax_tune.space.params import target_params
 from relax_tune.testing.workloads import matmul_mod
 from relax_tune.transfer.refit import kept_share, refit_trace, register_fallbacks
 from relax_tune.transfer import (TransferSource, fit_tile, library_database,
-                                 shape_distance, workload_shape)
+                                 machine_class, shape_distance, workload_shape)
 from relax_tune.utils import args_info, normalize_mod, schedule_from_json, trace_to_json
 from relax_tune.work_dir import WorkDir
 
@@ -118,6 +118,31 @@ def test_a_record_of_another_machine_class_is_not_applied_unmeasured(target, tmp
     assert found and not found[0].same_class  # it still seeds a measured search
     assert TransferSource([foreign]).find(mod, target, same_class_only=True) == []
     assert TransferSource([foreign]).find(mod, other)[0].same_class
+
+
+def test_a_record_tuned_for_this_very_target_is_preferred_within_its_class(target, tmp_path):
+    """The library keeps one record per workload and target: two CPUs of one class (an
+    AVX2 Zen 3 and a Zen 4 with AVX-512 hidden) each keep theirs, and a task takes the one
+    tuned for its own target even where the other ran faster on its machine."""
+    db = _tuned_source(target, str(tmp_path))
+    (wl,) = db.get_all_workloads()
+    mine, theirs = [r for r in db.get_top_k(wl, 8) if not is_baseline(r.trace_json)][:2]
+    sibling = tvm.target.Target({**{k: v for k, v in target.export().items()
+                                    if k in ("kind", "mcpu", "keys")},
+                                 "num-cores": 64})  # the same class, another target
+    assert str(sibling) != str(target) and machine_class(sibling) == machine_class(target)
+    both = MemoryDatabase()
+    for rec, tgt, secs in ((mine, target, [1e-3]), (theirs, sibling, [1e-6])):
+        both.commit_tuning_record(TuningRecord(rec.trace_json, both.commit_workload(wl.mod),
+                                               secs, tgt, rec.args_info))
+    mod = matmul_mod(128)
+    want, _ = refit_trace(schedule_from_json(wl.mod, mine.trace_json), mod)
+    other, _ = refit_trace(schedule_from_json(wl.mod, theirs.trace_json), mod)
+    assert trace_to_json(want.trace) != trace_to_json(other.trace)
+    (found,) = TransferSource([both]).find(mod, target)
+    assert found.same_class and trace_to_json(found.trace) == trace_to_json(want.trace)
+    (found,) = TransferSource([both]).find(mod, sibling)
+    assert trace_to_json(found.trace) == trace_to_json(other.trace)
 
 
 def test_the_shipped_library_replays_under_the_current_design_space(target):

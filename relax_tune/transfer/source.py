@@ -102,18 +102,24 @@ class TransferSource:
                 self._classes[key] = None
         return self._classes[key]
 
-    def _source(self, index: int, here: tuple, same_class_only: bool) -> tuple:
+    def _source(self, index: int, here: tuple, same_class_only: bool, target: str) -> tuple:
         """(schedule of the entry's best record on its own workload, same class) for the
-        best record of this machine's class, else (unless ``same_class_only``) of any;
+        best record tuned for this very target (``str(target)``: the CPU LLVM names and its
+        features), else of this machine's class, else (unless ``same_class_only``) of any;
         (None, False) when there is none."""
-        key = (index, here if same_class_only else None)
+        key = (index, here if same_class_only else None, target)
         if key not in self._sources:
-            self._sources[key] = self._find_source(self._index()[index], here, same_class_only)
+            self._sources[key] = self._find_source(self._index()[index], here, same_class_only,
+                                                   target)
         return self._sources[key]
 
-    def _find_source(self, entry: _Entry, here: tuple, same_class_only: bool) -> tuple:
+    def _find_source(self, entry: _Entry, here: tuple, same_class_only: bool,
+                     target: str) -> tuple:
         records = [r for r in entry.database.get_top_k(entry.workload, 8)
                    if r.is_valid and not is_baseline(r.trace_json)]
+        # the library holds a class's records from several CPUs (an AVX2 Zen 3, an AVX2
+        # Zen 4 with AVX-512 hidden): the one tuned for this target first
+        records.sort(key=lambda r: str(r.target) != target)
         ranked = [(r, True) for r in records if self._class_of(r.target) == here]
         if not same_class_only:
             ranked += [(r, False) for r in records if self._class_of(r.target) != here]
@@ -142,7 +148,7 @@ class TransferSource:
         for distance, i in alike:
             if len(out) >= self.per_task or not math.isfinite(distance):
                 break
-            source, same = self._source(i, here, same_class_only)
+            source, same = self._source(i, here, same_class_only, str(target))
             if source is None:
                 continue
             refitted, why = refit_trace(source, mod)

@@ -59,24 +59,25 @@ def tune_model(name: str, family: str, size: int, dims: dict, work_dir: str,
 
 def export(work_dirs: dict[str, str], out_dir: str,
            keep_existing: bool = False) -> tuple[int, int]:
-    """Write the best valid record of each workload of ``work_dirs`` for each machine class
-    (``transfer.source.machine_class``) into ``out_dir`` (replaced); with ``keep_existing``
-    the library's records already there are candidates too, so a build on a machine of
-    another class adds its schedules beside them. Returns (workloads, records)."""
+    """Write the best valid record of each workload of ``work_dirs`` for each target (the
+    CPU LLVM names and its features: two CPUs of one machine class,
+    ``transfer.source.machine_class``, keep a record each, and a task prefers the one of
+    its own target) into ``out_dir`` (replaced); with ``keep_existing`` the library's
+    records already there are candidates too, so a build on another kind of CPU adds its
+    schedules beside them. Returns (workloads, records)."""
     from relax_tune.database import JSONDatabase, TuningRecord
     from relax_tune.database.records import is_baseline
-    from relax_tune.transfer.source import machine_class
 
     sources = [JSONDatabase(work_dir=wd) for wd in work_dirs.values()]
     if keep_existing and os.path.isfile(os.path.join(out_dir, "database_workload.json")):
         sources.insert(0, JSONDatabase(work_dir=out_dir))
-    best: dict[tuple, tuple] = {}  # (program, machine class) -> (record, workload)
+    best: dict[tuple, tuple] = {}  # (program, target) -> (record, workload)
     for db in sources:
         for wl in db.get_all_workloads():
             for rec in db.get_top_k(wl, 64):
                 if not rec.is_valid or is_baseline(rec.trace_json):
                     continue
-                key = (wl.shash, machine_class(rec.target))
+                key = (wl.shash, str(rec.target))
                 if key not in best or rec.mean_run_secs < best[key][0].mean_run_secs:
                     best[key] = (rec, wl)
     tmp = out_dir + ".new"
@@ -111,7 +112,7 @@ def _describe(out_dir: str, seconds: float | None, threads: int, add: bool = Fal
             f"{threads} threads.")
     if add:  # another machine's records beside those the README already describes
         with open(os.path.join(out_dir, "README.md"), "a", encoding="utf-8") as f:
-            f.write("\nAdded (the best record of each workload for this machine's class, the "
+            f.write("\nAdded (the best record of each workload for this CPU's target, the "
                     "others kept): " + made + "\n")
         return
     lines = ["# The shipped schedule library", "", made,
@@ -130,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-root", default="transfer-library-work")
     parser.add_argument("--models", nargs="*", default=[m[0] for m in LIBRARY_MODELS])
     parser.add_argument("--add", action="store_true",
-                        help="keep the library's records and add the best of this machine's "
-                             "class beside them (a build on another kind of CPU)")
+                        help="keep the library's records and add the best of this CPU's "
+                             "beside them (a build on another kind of CPU)")
     args = parser.parse_args(argv)
     from relax_tune.transfer import LIBRARY_DIR
 
