@@ -61,24 +61,23 @@ def register_fallbacks(refitted: "Refitted") -> list[Trace]:
     product of inner levels unchanged): first each grown innermost factor capped at the
     source's, then, for one tiling of three levels or more at a time, its innermost moved
     a level out. Distinct, and none the trace itself."""
-    trace = refitted.trace
-    tiles = [(inst, [int(x) for x in trace.decisions[inst]]) for inst in trace.insts
-             if inst.kind.name == "SamplePerfectTile" and inst in trace.decisions]
-    sources = refitted.sources
-    choices = [[(inst, _move_out(t, src[-1])) for (inst, t), src in zip(tiles, sources)
+    base = refitted.trace
+    tiles = [(inst, [int(x) for x in base.decisions[inst]]) for inst in base.insts
+             if inst.kind.name == "SamplePerfectTile" and inst in base.decisions]
+    choices = [[(inst, _move_out(t, src[-1])) for (inst, t), src in zip(tiles, refitted.sources)
                 if len(t) > 1 and t[-1] > src[-1]]]
     choices += [[(inst, _move_out(t, 1))] for inst, t in tiles if len(t) > 2 and t[-1] > 1]
     out, seen = [], {str([t for _, t in tiles])}
     for changes in choices:
-        new = dict((id(inst), t) for inst, t in changes)
-        key = str([new.get(id(inst), t) for inst, t in tiles])
+        changed = {id(inst): t for inst, t in changes}
+        key = str([changed.get(id(inst), t) for inst, t in tiles])
         if not changes or key in seen:
             continue
         seen.add(key)
+        trace = base
         for inst, t in changes:
             trace = trace.with_decision(inst, t, True)
         out.append(trace)
-        trace = refitted.trace
     return out
 
 
