@@ -81,8 +81,9 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
     """Graph-level work done before any kernel exists, as ONNX Runtime does before its
     kernels run: elementwise kernels written at import (TVM's ONNX ``Clip``) become Relax
     operators again (``raise_elementwise.RaiseElementwiseCalls``), the quantized
-    convolutions and matmuls of a QDQ model are computed in integers unless ``int8`` is False (``int8.IntegerQDQ``; first, while the quantized
-    weights are still constants of their own), shapes are simplified with the bounds of their symbolic variables
+    convolutions and matmuls of a QDQ model are computed in integers unless ``int8`` is
+    False (``int8.IntegerQDQ``; first, while the quantized weights are still constants of
+    their own), shapes are simplified with the bounds of their symbolic variables
     (``shape_bounds.SimplifyBoundedShapes``), batch norms after convolutions are folded into
     the convolutions' weights and bias (with bound weights the scale and shift are
     constants, folded at compile time), the remaining batch norms and layer norms are

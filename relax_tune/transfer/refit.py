@@ -64,7 +64,8 @@ def register_fallbacks(refitted: "Refitted") -> list[Trace]:
     base = refitted.trace
     tiles = [(inst, [int(x) for x in base.decisions[inst]]) for inst in base.insts
              if inst.kind.name == "SamplePerfectTile" and inst in base.decisions]
-    choices = [[(inst, _move_out(t, src[-1])) for (inst, t), src in zip(tiles, refitted.sources)
+    sources = refitted.sources if len(refitted.sources) == len(tiles) else []  # aligned
+    choices = [[(inst, _move_out(t, src[-1])) for (inst, t), src in zip(tiles, sources)
                 if len(t) > 1 and t[-1] > src[-1]]]
     choices += [[(inst, _move_out(t, 1))] for inst, t in tiles if len(t) > 2 and t[-1] > 1]
     out, seen = [], {str([t for _, t in tiles])}
