@@ -272,3 +272,36 @@ def test_a_register_tile_grown_past_the_registers_falls_back_to_one_that_fits(ta
     (record,) = [r for r in WorkDir(wd).open_predicted().database.get_all_tuning_records()
                  if args_info(r.workload.mod) == args_info(new_mod)]
     assert _tiles(schedule_from_json(new_mod, record.trace_json).trace)[:2] == _tiles(fits[0])[:2]
+
+
+def test_remeasure_keeps_the_schedule_fastest_on_this_machine(target, tmp_path):
+    """build_library --remeasure: a workload's records of every target are timed here, and
+    another target's schedule that runs faster here than this target's own record becomes
+    this target's, whatever the stored times said (those came from other machines and
+    sessions); export then writes it in place of the own one."""
+    from relax_tune.measure import LocalBuilder, LocalRunner
+    from tools.transfer_library.build_library import export
+    from tools.transfer_library.remeasure import remeasure
+
+    tuned = _tuned_source(target, str(tmp_path / "tuned"), n=128, trials=4)
+    (wl,) = tuned.get_all_workloads()
+    fast = next(r for r in tuned.get_top_k(wl, 8) if not is_baseline(r.trace_json))
+    untiled = [[["GetSBlock", [], ["C", "main"], ["b0"]]], []]  # the serial loop nest
+    other = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    lib = rt.JSONDatabase(work_dir=str(tmp_path / "library"))
+    for trace, tgt, secs in ((untiled, target, [1e-7]), (fast.trace_json, other, [1e-3])):
+        lib.commit_tuning_record(TuningRecord(trace, lib.commit_workload(wl.mod), secs, tgt,
+                                              fast.args_info))
+    builder, runner = LocalBuilder(max_workers=1), LocalRunner()
+    try:
+        (chosen,) = remeasure(lib, target, builder, runner, log=lambda _: None)
+    finally:
+        builder.shutdown()
+        runner.shutdown()
+    assert str(chosen.target) == str(target) and chosen.trace_json == fast.trace_json
+    del lib
+    out = str(tmp_path / "library")
+    export({}, out, keep_existing=True, chosen=[chosen])
+    mine = [r for r in rt.JSONDatabase(work_dir=out).get_all_tuning_records()
+            if str(r.target) == str(target)]
+    assert [r.trace_json for r in mine] == [fast.trace_json]
