@@ -3,11 +3,11 @@
 The library keeps one record per workload and target, and a task prefers its own target's
 (``relax_tune.transfer.source``). With no measurement, that record is applied as it is, so
 it should be the fastest schedule *on that CPU* among those the library holds, not merely the
-best its own tuning session found: ViT's 197x768 FFN matmul ran 4.09 ms with the Zen 3's own
-240 s record against 3.00 ms with the Zen 4's (AVX-512 off) on that Zen 3 (session 14,
-docs/results/zen3-epyc.md). ``remeasure`` builds and times, on this machine, each
-workload's records of every target, its own among them, and keeps the fastest as this
-target's record (``build_library --remeasure``).
+best its own short tuning session found (on the Zen 3, 24 of 171 workloads had another
+CPU's schedule 6% to 2.3x faster there than their own, docs/design/transfer.md).
+``remeasure`` builds and times, on this machine, each workload's records of every target,
+its own among them, and keeps the fastest as this target's record
+(``build_library --remeasure``).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def remeasure(db, target, builder, runner, log=print) -> list[TuningRecord]:
     that has no record of ``target``), timed here; a schedule that does not build or run
     here, or that this target's design space does not take, is left out."""
     key = str(target)
+    space = space_for_target(target)
     chosen: list[TuningRecord] = []
     for wl in db.get_all_workloads():
         best: dict[str, TuningRecord] = {}
@@ -54,7 +55,6 @@ def remeasure(db, target, builder, runner, log=print) -> list[TuningRecord]:
                 best.setdefault(str(rec.target), rec)  # fastest first
         if not best or set(best) == {key}:
             continue
-        space = space_for_target(target)
         order = [t for t in sorted(best, key=lambda t: t != key)  # this target's own first
                  if t == key or _replays(space, wl.mod, best[t].trace_json)]
         if order in ([], [key]):
