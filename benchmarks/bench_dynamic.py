@@ -56,7 +56,7 @@ import numpy as np
 # the real-model benchmark's helpers: progress lines, the machine and commit, one round of calls
 from benchmarks.bench_real_models import log, relax_tune_commit
 from benchmarks.contenders import calibrate, time_once
-from benchmarks.real_models import cpu_model, set_torch_threads
+from benchmarks.real_models import cpu_model, set_torch_threads, set_tvm_threads
 
 
 def make_model(name: str, small: bool):
@@ -360,7 +360,7 @@ def main() -> int:
     if args.omp_passive:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch (its libgomp) is imported
     threads = args.threads or len(os.sched_getaffinity(0))
-    os.environ["TVM_NUM_THREADS"] = str(threads)  # before tvm is imported (and its workers)
+    set_tvm_threads(threads)  # before tvm is imported (and its workers)
     import logging
 
     import torch

@@ -96,7 +96,7 @@ from benchmarks.contenders import (Row, import_tensor_intrin, numpy_output, cali
                                    metaschedule_tasks, tvm_row)
 from benchmarks.int8 import bench_int8_model
 from benchmarks.real_models import (MODEL_NAMES, MORE_MODEL_NAMES, NOTES, cpu_model, make_model,
-                                    set_torch_threads)
+                                    set_torch_threads, set_tvm_threads)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -559,7 +559,7 @@ def main() -> int:
             else [1, 8, 32]
 
     threads = args.threads or len(os.sched_getaffinity(0))
-    os.environ["TVM_NUM_THREADS"] = str(threads)  # before tvm is imported (and its workers)
+    set_tvm_threads(threads)  # before tvm is imported (and its workers)
     if args.omp_passive:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch (its libgomp) is imported
     import logging
@@ -582,7 +582,8 @@ def main() -> int:
         f"CPU: {cpu_model()} ({len(os.sched_getaffinity(0))} usable cores); "
         f"target: {target}",
         f"relax_tune commit: {relax_tune_commit()}",
-        f"threads: {threads} for every contender (TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']},"
+        f"threads: {threads} for every contender (TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}"
+        f" TVM_BIND_THREADS={os.environ['TVM_BIND_THREADS']},"
         f" torch.set_num_threads({torch.get_num_threads()}) for eager and torch.compile, ONNX "
         f"Runtime intra_op={threads} inter_op=1, OpenVINO INFERENCE_NUM_THREADS={threads}; "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')})",

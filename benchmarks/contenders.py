@@ -121,9 +121,9 @@ def work_dir_parser(description: str, model: str, rounds: int, calls: int):
 def work_dir_vm(model_path: str, work_dir: str, threads: int) -> tuple[Any, Any, Any, np.ndarray]:
     """``(executable, vm, input tensor, input array)`` of ``compile_from_work_dir``, run by
     ``threads`` TVM threads (set before tvm's thread pool starts)."""
-    import os
+    from benchmarks.real_models import set_tvm_threads
 
-    os.environ["TVM_NUM_THREADS"] = str(threads)
+    set_tvm_threads(threads)
     import tvm
     from tvm import relax
 

@@ -329,3 +329,19 @@ def test_workers_start_without_pytorch(builder, runner):
             pool.submit(importlib.import_module, "torch").result(timeout=120)
     assert os.environ.get("PYTHONPATH") == before
     import torch  # noqa: F401 - here it still imports
+
+
+def test_tvm_threads_every_core_and_unpinned_unless_the_user_says(monkeypatch):
+    """The workers' (and a user's) TVM pool: every usable core, or the threads asked for,
+    and threads left free to move off a core another process needs; what the user set
+    stays."""
+    from relax_tune.utils import ensure_tvm_threads
+
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TVM_BIND_THREADS", raising=False)
+    assert ensure_tvm_threads() == len(os.sched_getaffinity(0))
+    assert os.environ["TVM_BIND_THREADS"] == "0"
+    assert ensure_tvm_threads(3) == 3 and os.environ["TVM_NUM_THREADS"] == "3"
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    monkeypatch.setenv("TVM_BIND_THREADS", "1")
+    assert ensure_tvm_threads() == 1 and os.environ["TVM_BIND_THREADS"] == "1"

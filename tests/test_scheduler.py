@@ -239,3 +239,15 @@ def test_first_round_counts_each_hinted_size_evenly(target, tmp_path):
     tried = sorted(r.task_name for r in reports if r.trials)
     assert "mm[n=1024]" in tried, tried
     assert any(name.endswith("[n=1]") for name in tried), tried
+
+
+def test_no_batch_is_started_that_the_time_limit_would_cut_pure():
+    """Under a time limit a batch holds only what can be built and timed before it, at the
+    session's pace so far; with less time left than one trial takes, none starts."""
+    from relax_tune.tuning.loop import _Pace
+
+    pace = _Pace()
+    pace.record(8.0, 16)  # 0.5 s a trial
+    now = time.monotonic()
+    assert pace.fits(now + 3.2) == 6
+    assert pace.fits(now + 0.3) == 0 and pace.fits(now - 1.0) == 0
