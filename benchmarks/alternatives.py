@@ -163,10 +163,11 @@ def best_alternative(rows: list[Row]) -> Row | None:
 
 def ratios_to_best(rows: list[Row]) -> Row | None:
     """Each timed row's per-round ratios against the best alternative (its ms / the row's
-    ms, same rounds) into ``ratio_best``; returns that alternative."""
+    ms, same rounds: a slow row timed in the first rounds only against those) into
+    ``ratio_best``; returns that alternative."""
     best = best_alternative(rows)
     if best is not None:
         for row in rows:
-            if row.samples and len(row.samples) == len(best.samples):
+            if row.samples:
                 row.ratio_best = [b / s for b, s in zip(best.samples, row.samples)]
     return best

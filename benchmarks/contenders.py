@@ -208,22 +208,27 @@ def time_once(row: Row) -> float:
 def interleave(rows: list[Row], rounds: int, pause: float) -> None:
     """Time every row once per round (order rotating each round, ``pause`` s of sleep before
     each timing, as benchmarks/timing.py's ``interleaved``); per-round ratios against ONNX
-    Runtime and PyTorch go into ``ratio_ort``/``ratio_torch``."""
+    Runtime and PyTorch go into ``ratio_ort``/``ratio_torch``. A slow row (a call of a
+    quarter second or more: an untuned model, ``calibrate``) is timed in the first round
+    only: the untuned ResNet-18's 2.2 s call stretched every round and set the rows whose
+    ratio matters seconds apart, on a machine whose speed moves within seconds."""
     live = [r for r in rows if r.call is not None and r.error is None]
     for rnd in range(rounds):
         shift = rnd % len(live)
         this: dict[str, float] = {}
         for row in live[shift:] + live[:shift]:
+            if rnd and not row.warm:
+                continue
             time.sleep(pause)
             secs = time_once(row)
             row.samples.append(secs)
             this[id(row)] = secs
-        ort = next((this[id(r)] for r in live if r.contender == "onnxruntime"), None)
-        tor = next((this[id(r)] for r in live if r.contender == "pytorch"), None)
+        ort = this.get(next((id(r) for r in live if r.contender == "onnxruntime"), None))
+        tor = this.get(next((id(r) for r in live if r.contender == "pytorch"), None))
         for row in live:
-            if ort is not None:
+            if ort is not None and id(row) in this:
                 row.ratio_ort.append(ort / this[id(row)])
-            if tor is not None:
+            if tor is not None and id(row) in this:
                 row.ratio_torch.append(tor / this[id(row)])
 
 

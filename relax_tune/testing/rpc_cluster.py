@@ -35,7 +35,9 @@ class LocalRPCCluster:
     """A tracker and ``n_servers`` servers under ``key`` on 127.0.0.1 (context manager).
 
     Each server process is limited to ``threads`` TVM threads so that servers sharing this
-    machine do not fight over its cores."""
+    machine do not fight over its cores, and its threads are left unpinned
+    (``relax_tune.utils.ensure_tvm_threads``: TVM pins each process's threads from the
+    first core on, so every server's would share the same cores)."""
 
     def __init__(self, n_servers: int = 2, key: str = "rt-test", threads: int = 1,
                  start_timeout: float = 60.0) -> None:
@@ -45,6 +47,7 @@ class LocalRPCCluster:
         self.server_ports: list[int] = []
         self._procs: list[subprocess.Popen] = []
         env = dict(os.environ, TVM_NUM_THREADS=str(threads))
+        env.setdefault("TVM_BIND_THREADS", "0")
         self._env = env
         self._tracker = self._start(["tvm.exec.rpc_tracker", "--host", HOST, "--port",
                                      str(self.tracker_port), "--port-end",
