@@ -56,7 +56,7 @@ import numpy as np
 # the real-model benchmark's helpers: progress lines, the machine and commit, one round of calls
 from benchmarks.bench_real_models import log, relax_tune_commit
 from benchmarks.contenders import calibrate, time_once
-from benchmarks.real_models import cpu_model, set_torch_threads, set_tvm_threads
+from benchmarks.real_models import cpu_model, set_torch_threads
 
 
 def make_model(name: str, small: bool):
@@ -360,7 +360,6 @@ def main() -> int:
     if args.omp_passive:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch (its libgomp) is imported
     threads = args.threads or len(os.sched_getaffinity(0))
-    set_tvm_threads(threads)  # before tvm is imported (and its workers)
     import logging
 
     import torch
@@ -369,6 +368,10 @@ def main() -> int:
     import tvm
 
     import relax_tune as rt
+    from relax_tune.utils import ensure_tvm_threads
+
+    # before TVM's first parallel kernel and its workers (its pool reads them when it starts)
+    ensure_tvm_threads(threads)
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     target = rt.host_target()

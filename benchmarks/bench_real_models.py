@@ -96,7 +96,7 @@ from benchmarks.contenders import (Row, import_tensor_intrin, numpy_output, cali
                                    metaschedule_tasks, tvm_row)
 from benchmarks.int8 import bench_int8_model
 from benchmarks.real_models import (MODEL_NAMES, MORE_MODEL_NAMES, NOTES, cpu_model, make_model,
-                                    set_torch_threads, set_tvm_threads)
+                                    set_torch_threads)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -559,7 +559,6 @@ def main() -> int:
             else [1, 8, 32]
 
     threads = args.threads or len(os.sched_getaffinity(0))
-    set_tvm_threads(threads)  # before tvm is imported (and its workers)
     if args.omp_passive:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch (its libgomp) is imported
     import logging
@@ -570,6 +569,10 @@ def main() -> int:
     import tvm
 
     import relax_tune as rt
+    from relax_tune.utils import ensure_tvm_threads
+
+    # before TVM's first parallel kernel and its workers (its pool reads them when it starts)
+    ensure_tvm_threads(threads)
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     target = rt.host_target()

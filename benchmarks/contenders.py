@@ -121,12 +121,12 @@ def work_dir_parser(description: str, model: str, rounds: int, calls: int):
 def work_dir_vm(model_path: str, work_dir: str, threads: int) -> tuple[Any, Any, Any, np.ndarray]:
     """``(executable, vm, input tensor, input array)`` of ``compile_from_work_dir``, run by
     ``threads`` TVM threads (set before tvm's thread pool starts)."""
-    from benchmarks.real_models import set_tvm_threads
-
-    set_tvm_threads(threads)
     import tvm
     from tvm import relax
 
+    from relax_tune.utils import ensure_tvm_threads
+
+    ensure_tvm_threads(threads)
     ex, x = compile_from_work_dir(model_path, work_dir)
     return ex, relax.VirtualMachine(ex, tvm.cpu()), tvm.runtime.tensor(x), x
 
@@ -223,12 +223,13 @@ def interleave(rows: list[Row], rounds: int, pause: float) -> None:
             secs = time_once(row)
             row.samples.append(secs)
             this[id(row)] = secs
-        ort = this.get(next((id(r) for r in live if r.contender == "onnxruntime"), None))
-        tor = this.get(next((id(r) for r in live if r.contender == "pytorch"), None))
-        for row in live:
-            if ort is not None and id(row) in this:
+        timed = [r for r in live if id(r) in this]
+        ort = next((this[id(r)] for r in timed if r.contender == "onnxruntime"), None)
+        tor = next((this[id(r)] for r in timed if r.contender == "pytorch"), None)
+        for row in timed:
+            if ort is not None:
                 row.ratio_ort.append(ort / this[id(row)])
-            if tor is not None and id(row) in this:
+            if tor is not None:
                 row.ratio_torch.append(tor / this[id(row)])
 
 

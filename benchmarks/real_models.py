@@ -34,16 +34,6 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def set_tvm_threads(threads: int) -> None:
-    """TVM's thread pool as ``relax_tune.utils.ensure_tvm_threads(threads)`` sets it (the
-    threads, unpinned), without importing tvm before the caller's torch: call it before
-    tvm's first parallel kernel (and before its workers start)."""
-    import os
-
-    os.environ["TVM_NUM_THREADS"] = str(threads)
-    os.environ.setdefault("TVM_BIND_THREADS", "0")
-
-
 def set_torch_threads(torch, threads: int) -> None:
     """PyTorch on ``threads`` intra-op threads and one inter-op thread (the latter can only
     be set before PyTorch's first parallel work)."""

@@ -43,7 +43,9 @@ def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: Tun
     rounds_since_table = 0
     pace = _Pace()
     while remaining > 0:
-        if deadline is not None and pace.fits(deadline) == 0:
+        # candidates a batch can hold and still finish by the limit (None: no limit)
+        fit = None if deadline is None else pace.fits(deadline)
+        if fit == 0:
             logger.info("max_time of %.0f s reached%s%s; stopping the search", cfg.max_time,
                         " (less the share kept for what runs after the search)"
                         if any(h.time_share for h in hooks) else "",
@@ -68,8 +70,8 @@ def run_loop(states: list[TaskState], db: Database, measurer: Measurer, cfg: Tun
             n = min(n, max(1, remaining // waiting))
             if deadline is not None:  # and a time limit over the first round
                 n = min(n, pace.first_batch(deadline, waiting))
-        if deadline is not None:  # a batch the limit cuts is dropped unmeasured
-            n = min(n, pace.fits(deadline))
+        if fit is not None:  # a batch the limit cuts is dropped unmeasured
+            n = min(n, fit)
         batch_start = time.monotonic()
         cands = st.search.next_candidates(n, exclude=st.measured)
         if not cands:
