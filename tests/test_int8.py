@@ -23,6 +23,8 @@ scale). Two references:
   block, 0.60 from the float model against 0.008 for the meaning), ours are exact.
 """
 
+import statistics
+
 import numpy as np
 import pytest
 import tvm
@@ -565,4 +567,6 @@ def test_predicted_int8_kernels_are_faster_than_their_untuned_functions(
         assert all(b.ok for b in builds), [b.error for b in builds]
         untuned, tuned = shared_runner.run([b.artifact_path for b in builds], task.args_info,
                                            target)
-        assert tuned.mean_secs < untuned.mean_secs, task.task_name
+        # medians: one repeat can catch a pause of the process (another program's turn)
+        assert statistics.median(tuned.run_secs) < statistics.median(untuned.run_secs), \
+            (task.task_name, tuned.run_secs, untuned.run_secs)

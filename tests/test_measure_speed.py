@@ -16,6 +16,7 @@ import relax_tune as rt
 from relax_tune import utils
 from relax_tune.database import JSONDatabase, is_baseline
 from relax_tune.measure import LocalRunner, MeasureError, Measurer, RunResult
+from relax_tune.measure.base import calls_per_repeat
 from relax_tune.measure.head_to_head import head_to_head
 from relax_tune.measure.measurer import Incumbent
 
@@ -60,6 +61,15 @@ def test_slow_candidate_cut_after_a_fast_one(built, mod256, target, shared_runne
     assert all(len(r.run_secs) == 3 for r in runner.run(built, info, target))
     off = _runner(shared_runner, monkeypatch, slow_ratio=0)
     assert all(len(r.run_secs) == 3 for r in off.run(built, info, target, max_secs=10.0))
+
+
+def test_a_repeat_of_short_calls_starts_at_its_minimum_duration_pure():
+    """The time evaluator's first try per repeat holds enough calls of a warm call's time to
+    last ``min_repeat_ms``: a pause of the process then adds little to each call."""
+    assert calls_per_repeat(3, 5, 20e-6) == 250
+    assert calls_per_repeat(3, 5, 0.01) == 3
+    assert calls_per_repeat(3, 0, 20e-6) == 3
+    assert calls_per_repeat(3, 5, 0.0) == 3
 
 
 def test_slow_ratio_must_be_above_one():

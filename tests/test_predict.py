@@ -120,7 +120,9 @@ def test_every_predicted_kernel_is_faster_than_its_untuned_function(name, target
         assert all(b.ok for b in builds), [b.error for b in builds]
         untuned, tuned = shared_runner.run([b.artifact_path for b in builds], task.args_info,
                                            target)
-        assert tuned.mean_secs < untuned.mean_secs, task.task_name
+        # medians: one repeat can catch a pause of the process (another program's turn)
+        assert statistics.median(tuned.run_secs) < statistics.median(untuned.run_secs), \
+            (task.task_name, tuned.run_secs, untuned.run_secs)
         checked += 1
     assert checked >= 2 and checked + tiny >= 3
 

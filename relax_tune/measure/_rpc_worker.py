@@ -22,7 +22,7 @@ from tvm.rpc import base as rpc_base
 
 from . import prepack
 from ._worker import random_inputs
-from .base import short_error
+from .base import calls_per_repeat, short_error
 
 _trackers: dict[tuple[str, int], Any] = {}
 
@@ -68,11 +68,14 @@ def looks_lost(error: str) -> bool:
 
 
 def _time_main(module: Any, dev: Any, args: list, number: int, repeat: int,
-               min_repeat_ms: int, cooldown_ms: int, cache_flush: bool) -> list[float]:
+               min_repeat_ms: int, cooldown_ms: int, cache_flush: bool,
+               call_secs: float = 0.0) -> list[float]:
     """``repeat`` timings of ``main`` on the server by the runtime's time evaluator (one
-    cold call each with ``cache_flush``, as ``_worker.run_candidate``)."""
+    cold call each with ``cache_flush``, as ``_worker.run_candidate``); ``call_secs``, one
+    call's time when known, sets the calls per repeat (``calls_per_repeat``)."""
     if cache_flush:
         number, min_repeat_ms = 1, 0
+    number = calls_per_repeat(number, min_repeat_ms, call_secs)
     evaluator = module.time_evaluator(
         "main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
         cooldown_interval_ms=cooldown_ms,
@@ -117,7 +120,7 @@ def rpc_run_candidate(tracker_host: str, tracker_port: int, key: str, priority: 
         if max_secs is not None and first > max_secs:
             return [first], None, device, False
         return _time_main(module, dev, args, number, repeat, min_repeat_ms, cooldown_ms,
-                          cache_flush), None, device, False
+                          cache_flush, first), None, device, False
     except Exception as err:  # noqa: BLE001 - every failure becomes a result
         text = f"{stage} failed: {short_error(err)}"
         lost = stage in ("request", "upload") or looks_lost(text)

@@ -28,7 +28,7 @@ from ..space.gpu.compile import ensure_cuda_compiler
 from ..space.cpu.layout_rewrite import measurable_module
 from ..utils import apply_trace_json, ensure_tvm_threads, schedule_from_json
 from . import cross, prepack
-from .base import short_error
+from .base import calls_per_repeat, short_error
 from .baseline import baseline_module
 
 
@@ -282,6 +282,8 @@ def run_candidate(artifact: str, args_info_json: str, device_type: int, device_i
                 return [first], None
         if short_secs is not None and first > short_secs:
             number = 1
+        else:
+            number = calls_per_repeat(number, min_repeat_ms, first)
         if cache_flush:
             # The runtime flushes once per repeat; one call per repeat keeps every timed
             # call cold (weights from memory, as in a whole model), not one in ``number``.

@@ -26,10 +26,10 @@ logger = logging.getLogger("relax_tune.measure")
 ERROR_TIMEOUT = "timeout"
 """Error text of a candidate that ran past its per-candidate time limit (its worker is killed)."""
 ERROR_CRASHED = "worker crashed"
+"""Error text of a candidate whose worker process died (segfault, abort, out of memory)."""
 ERROR_NOT_BUILT = "not built before the session's time limit"
 """The build result of a candidate still building at the session's deadline: it was never
 measured (the tuner records nothing for it, and a resumed session may measure it)."""
-"""Error text of a candidate whose worker process died (segfault, abort, out of memory)."""
 
 _MAX_ERROR_LINES = 6
 _MAX_ERROR_CHARS = 600
@@ -125,6 +125,21 @@ class RunResult:
         """``run_secs`` as a database record stores it: ``[1e10]`` for a failed candidate
         (what MetaSchedule writes), the measured times otherwise."""
         return list(self.run_secs) if self.ok and self.run_secs else [FAILED_RUN_SECS]
+
+
+def calls_per_repeat(number: int, min_repeat_ms: int, call_secs: float) -> int:
+    """``number`` for the runtime's time evaluator, raised so that ``number`` calls of
+    ``call_secs`` (a warm call's time) already last ``min_repeat_ms``.
+
+    The evaluator starts every measurement with ``number`` calls and keeps the first try
+    that lasts ``min_repeat_ms``. From a start of three 20 us calls, one pause of the process
+    (another program on the core) of ``min_repeat_ms`` ends the first measurement at once,
+    a hundred times too slow: 4% of the repeats of a shared 2-core machine's 60 s sessions
+    were 1.5x or more off their median, most of them the first.
+    """
+    if min_repeat_ms <= 0 or call_secs <= 0:
+        return number
+    return max(number, math.ceil(min_repeat_ms / 1e3 / call_secs))
 
 
 def worker_output() -> int | None:
