@@ -165,7 +165,7 @@ def build_candidate(digest: str, script: str, target_json: str, trace_json: str 
         stage = "compile"
         executable = tvm.compile(measured, target)
         stage = "export"
-        cross.export(executable, out_path, link)
+        cross.export(executable, out_path, link, candidate=True)
         if plan is not None:
             prepack.write_plan(out_path, plan)
         return None, time.perf_counter() - start
