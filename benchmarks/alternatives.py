@@ -155,19 +155,26 @@ def torch_compile_row(model, inputs, timeout: float | None) -> Row:
 
 
 def best_alternative(rows: list[Row]) -> Row | None:
-    """The alternative (``ALTERNATIVES``) with the lowest median latency among ``rows``
-    that were timed, or None."""
+    """The fastest alternative (``ALTERNATIVES``) among ``rows`` that were timed, or None:
+    by their median ratios to ONNX Runtime where every one has them (each round's taken
+    against the ONNX Runtime times around it, ``interleave``), else by median latency."""
     timed = [r for r in rows if r.contender in ALTERNATIVES and r.samples]
+    if timed and all(r.ratio_ort for r in timed):
+        return max(timed, key=lambda r: float(np.median(r.ratio_ort)))
     return min(timed, key=lambda r: float(np.median(r.samples)), default=None)
 
 
 def ratios_to_best(rows: list[Row]) -> Row | None:
-    """Each timed row's per-round ratios against the best alternative (its ms / the row's
-    ms, same rounds: a slow row timed in the first rounds only against those) into
-    ``ratio_best``; returns that alternative."""
+    """Each timed row's per-round ratios against the best alternative into ``ratio_best``;
+    returns that alternative. Both rows' ratios to ONNX Runtime of a round (each taken
+    against the ONNX Runtime times around it, ``interleave``) give the ratio between
+    them; a slow row timed in the first round only is set against that round's. Rows
+    timed without ONNX Runtime: the rows' times of the same round."""
     best = best_alternative(rows)
     if best is not None:
         for row in rows:
-            if row.samples:
+            if row.samples and row.ratio_ort and best.ratio_ort:
+                row.ratio_best = [r / b for r, b in zip(row.ratio_ort, best.ratio_ort)]
+            elif row.samples:
                 row.ratio_best = [b / s for b, s in zip(best.samples, row.samples)]
     return best

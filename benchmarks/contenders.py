@@ -205,31 +205,51 @@ def time_once(row: Row) -> float:
     return (time.perf_counter() - start) / row.number
 
 
+REFERENCE = "onnxruntime"
+"""The contender every other row's per-round ratio is taken against (``interleave``)."""
+
+
 def interleave(rows: list[Row], rounds: int, pause: float) -> None:
     """Time every row once per round (order rotating each round, ``pause`` s of sleep before
-    each timing, as benchmarks/timing.py's ``interleaved``); per-round ratios against ONNX
-    Runtime and PyTorch go into ``ratio_ort``/``ratio_torch``. A slow row (a call of a
-    quarter second or more: an untuned model, ``calibrate``) is timed in the first round
-    only: the untuned ResNet-18's 2.2 s call stretched every round and set the rows whose
-    ratio matters seconds apart, on a machine whose speed moves within seconds."""
+    each timing, as benchmarks/timing.py's ``interleaved``), with per-round ratios against
+    ONNX Runtime and PyTorch in ``ratio_ort``/``ratio_torch``, one per timing of the row.
+
+    ONNX Runtime (``REFERENCE``) brackets the others: it is timed before a round's first
+    row and after every row, and a row's ratio is the mean of the two ONNX Runtime times
+    around it over its own. This machine's speed moves within seconds (one ResNet-18 read
+    19.2, 33.9 and 23.0 ms three seconds apart, Zen 3): against one ONNX Runtime time per
+    round, up to nine rows away, a row's ratio took whatever the machine did in between.
+    A slow row (a call of a quarter second or more: an untuned model, ``calibrate``) is
+    timed in the first round only: the untuned ResNet-18's 2.2 s call stretched every round
+    and set the rows whose ratio matters seconds apart."""
     live = [r for r in rows if r.call is not None and r.error is None]
+    ref = next((r for r in live if r.contender == REFERENCE), None)
+    others = [r for r in live if r is not ref]
+
+    def timed(row: Row) -> float:
+        time.sleep(pause)
+        secs = time_once(row)
+        row.samples.append(secs)
+        return secs
+
     for rnd in range(rounds):
-        shift = rnd % len(live)
-        this: dict[str, float] = {}
-        for row in live[shift:] + live[:shift]:
+        shift = rnd % max(1, len(others))
+        this: dict[int, float] = {}
+        before = timed(ref) if ref is not None else None
+        for row in others[shift:] + others[:shift]:
             if rnd and not row.warm:
                 continue
-            time.sleep(pause)
-            secs = time_once(row)
-            row.samples.append(secs)
-            this[id(row)] = secs
-        timed = [r for r in live if id(r) in this]
-        ort = next((this[id(r)] for r in timed if r.contender == "onnxruntime"), None)
-        tor = next((this[id(r)] for r in timed if r.contender == "pytorch"), None)
-        for row in timed:
-            if ort is not None:
-                row.ratio_ort.append(ort / this[id(row)])
-            if tor is not None:
+            this[id(row)] = secs = timed(row)
+            if ref is not None:
+                after = timed(ref)
+                row.ratio_ort.append((before + after) / 2 / secs)
+                before = after
+        if ref is not None:
+            ref.ratio_ort.append(1.0)  # one a round, as every warm row's
+        tor = next((this[id(r)] for r in others if r.contender == "pytorch" and id(r) in this),
+                   None)
+        for row in others:
+            if tor is not None and id(row) in this:
                 row.ratio_torch.append(tor / this[id(row)])
-
-
+        if tor is not None and ref is not None:
+            ref.ratio_torch.append(tor / before)

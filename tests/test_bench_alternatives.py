@@ -42,11 +42,33 @@ def test_a_slow_row_is_timed_in_the_first_round_only():
             for name in calls]
     rows[1].warm = False  # what calibrate decides for a call of 0.25 s or more
     interleave(rows, rounds=3, pause=0.0)
-    assert [len(r.samples) for r in rows] == [3, 1]
+    # ONNX Runtime before and after the untuned row in round 0, once in rounds 1 and 2
+    assert [len(r.samples) for r in rows] == [4, 1]
     assert len(rows[1].ratio_ort) == 1 and rows[0].ratio_ort == [1.0, 1.0, 1.0]
-    assert calls == {"onnxruntime": 6, "tvm-untuned": 1}  # warm-up + timed call per round
+    assert calls == {"onnxruntime": 8, "tvm-untuned": 1}  # warm-up + timed call per timing
     ratios_to_best(rows)
     assert len(rows[1].ratio_best) == 1
+
+
+def test_onnx_runtime_brackets_every_row(monkeypatch):
+    """Each row's ratio is taken against the ONNX Runtime times just before and after it:
+    on a machine slowing down steadily (every timing 10% slower than the one before) a row
+    twice as fast as ONNX Runtime reads 2.0 in every round, wherever the rotation puts it;
+    ratios to the best alternative come from both rows' ratios of the same round."""
+    import benchmarks.contenders as contenders
+
+    base = {"onnxruntime": 1.0, "relax_tune": 0.5, "openvino": 0.8, "pytorch": 4.0}
+    step = iter(range(1000))
+    monkeypatch.setattr(contenders, "time_once",
+                        lambda row: base[row.contender] * (1 + 0.1 * next(step)))
+    rows = [Row(name, "-", lambda: None) for name in base]
+    interleave(rows, rounds=4, pause=0.0)
+    assert rows[1].ratio_ort == pytest.approx([2.0] * 4)
+    assert rows[2].ratio_ort == pytest.approx([1.25] * 4)
+    assert len(rows[0].samples) == 4 * 4 and len(rows[3].ratio_torch) == 4
+    best = ratios_to_best(rows)
+    assert best is rows[2] and rows[1].ratio_best == pytest.approx([1.6] * 4)
+    assert rows[0].ratio_best == pytest.approx([0.8] * 4)
 
 
 @pytest.mark.slow  # failed once in a fresh CI venv (the compile finished under a 1 ms alarm):
