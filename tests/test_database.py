@@ -33,6 +33,7 @@ from relax_tune.database import (
 from relax_tune.utils import (
     FAILED_RUN_SECS,
     RelaxTuneError,
+    load_ir_json,
     normalize_mod,
     structural_hash,
     trace_to_json,
@@ -127,6 +128,23 @@ def test_workload_json_is_length_prefixed_base64(mm):
     assert tvm_ffi.structural_equal(back.mod, mm)
     with pytest.raises(RelaxTuneError, match="length prefix"):
         Workload.from_json([shash, base64.b64encode(raw[:-10]).decode()])
+
+
+def test_a_workload_of_this_tvm_loads_without_the_upgrade_pass(mm, monkeypatch):
+    """A module this TVM wrote is read as it is (TVM's upgrade pass re-serialises every
+    graph in Python, 8x the load); one stamped with another TVM version goes through it."""
+    text = tvm.ir.save_json(mm)
+    upgraded = []
+    real_load_json = tvm.ir.load_json
+    monkeypatch.setattr(tvm.ir, "load_json",
+                        lambda t: upgraded.append(t) or real_load_json(t))
+    assert tvm_ffi.structural_equal(load_ir_json(text), mm) and not upgraded
+    older = text.replace(f'"tvm_version":"{tvm.__version__}"', '"tvm_version":"0.26.0"')
+    assert older != text
+    assert tvm_ffi.structural_equal(load_ir_json(older), mm) and upgraded == [older]
+    shash, b64 = Workload(mm).as_json()
+    assert tvm_ffi.structural_equal(Workload.from_json([shash, b64]).mod, mm)
+    assert len(upgraded) == 1
 
 
 def test_tuning_record_values(mm):

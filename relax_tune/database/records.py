@@ -29,6 +29,7 @@ from ..utils import (
     FAILED_RUN_SECS,
     RelaxTuneError,
     error_line,
+    load_ir_json,
     parse_target,
     schedule_from_json,
     structural_hash,
@@ -94,7 +95,7 @@ class Workload:
             raise RelaxTuneError("the workload module's length prefix does not match its size "
                                  "(truncated?)")
         try:
-            mod = tvm.ir.load_json(text.decode("utf-8"))
+            mod = load_ir_json(text.decode("utf-8"))
         except Exception as err:  # TVM raises assorted errors for bad graphs
             first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
             if "Legacy" in first:

@@ -35,7 +35,7 @@ import tvm_ffi
 
 from ..database import Database, is_baseline
 from ..database.predicted import PredictedSchedules
-from ..utils import schedule_from_json
+from ..utils import load_ir_json, schedule_from_json
 from .extract import Task
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def constant_blind(mod: tvm.IRModule) -> tvm.IRModule:
                     nodes.append({"type": "ir.IntImm",
                                   "data": {**operand["data"], "value": zero_int}})
                     data[key] = len(nodes) - 1
-    return tvm.ir.load_json(json.dumps(graph))
+    return load_ir_json(json.dumps(graph))
 
 
 @dataclass

@@ -22,6 +22,8 @@ from typing import Any
 
 import tvm
 
+from ...utils import load_ir_json
+
 logger = logging.getLogger(__name__)
 
 
@@ -45,7 +47,7 @@ def parse_script(text: str, extra_vars: dict[str, Any]) -> Any:
     path = os.path.join(cache_dir(), _key(text) + ".json")
     try:
         with open(path, encoding="utf-8") as file:
-            return tvm.ir.load_json(file.read())
+            return load_ir_json(file.read())
     except FileNotFoundError:
         pass
     except Exception as err:  # noqa: BLE001 - a damaged entry is parsed and written again
