@@ -23,8 +23,6 @@ scale). Two references:
   block, 0.60 from the float model against 0.008 for the meaning), ours are exact.
 """
 
-import statistics
-
 import numpy as np
 import pytest
 import tvm
@@ -45,6 +43,8 @@ from relax_tune.space.cpu.int8_intrin import (AVX2_8X2, AVX2_8X4_NARROW, AVXVNNI
 from relax_tune.testing.int8_kernels import integer_kernel, kernel_asm as _asm, run_kernel as _run
 from relax_tune.utils import host_target, schedule_from_json, trace_to_json
 from relax_tune.work_dir import WorkDir
+
+from model_checks import assert_kernel_faster
 
 try:  # the model tests need both; the instruction tests below run without them
     import onnx
@@ -565,8 +565,5 @@ def test_predicted_int8_kernels_are_faster_than_their_untuned_functions(
         assert "sch.tensorize(" in str(sch.trace)
         builds = shared_builder.build(task.mod, target, [None, sch.trace])
         assert all(b.ok for b in builds), [b.error for b in builds]
-        untuned, tuned = shared_runner.run([b.artifact_path for b in builds], task.args_info,
-                                           target)
-        # medians: one repeat can catch a pause of the process (another program's turn)
-        assert statistics.median(tuned.run_secs) < statistics.median(untuned.run_secs), \
-            (task.task_name, tuned.run_secs, untuned.run_secs)
+        assert_kernel_faster(shared_runner, builds[0].artifact_path, builds[1].artifact_path,
+                             task.args_info, target, task.task_name)

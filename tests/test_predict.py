@@ -2,7 +2,6 @@
 
 import logging
 import os
-import statistics
 import time
 
 import numpy as np
@@ -19,7 +18,7 @@ from relax_tune.tuning.predict import (MIN_TILED_FLOPS, MIN_UNTILED_ELEMENTS, ti
 from relax_tune.utils import trace_to_json
 from relax_tune.work_dir import WorkDir
 
-from model_checks import untuned_output
+from model_checks import assert_function_faster, assert_kernel_faster, untuned_output
 
 MODELS = {"conv_net": lambda: conv_net(channels=32, size=32),
           "transformer_block": lambda: transformer_block(seq=64, dim=128, hidden=256)}
@@ -46,15 +45,6 @@ class CountingRunner(LocalRunner):
         return super().run_and_fetch(*args, **kwargs)
 
 
-def _median_secs(func, args, rounds=7):
-    out = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        func(*args)
-        out.append(time.perf_counter() - start)
-    return statistics.median(out)
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_no_measurement_compile_times_nothing_is_correct_and_not_slower(name, target,
                                                                         tmp_path):
@@ -79,16 +69,12 @@ def test_no_measurement_compile_times_nothing_is_correct_and_not_slower(name, ta
     want = untuned_output(mod, target, arrays)
     # fast-math reassociates long sums: the tolerance follows the outputs' magnitude
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()))
-    # not slower than the untuned build of the same model (interleaved medians)
+    # not slower than the untuned build of the same model (fastest of interleaved calls)
     untuned = tvm.compile(relax.get_pipeline("relax_tune", target=target,
                                              work_dir=str(tmp_path / "none"), params=weights,
                                              max_trials_global=0)(mod), target)
     uvm = relax.VirtualMachine(untuned, tvm.cpu())
-    fast, slow = [], []
-    for _ in range(3):
-        fast.append(_median_secs(vm["forward"], args))
-        slow.append(_median_secs(uvm["forward"], args))
-    assert statistics.median(fast) < statistics.median(slow)
+    assert_function_faster(vm["forward"], uvm["forward"], args)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -118,11 +104,8 @@ def test_every_predicted_kernel_is_faster_than_its_untuned_function(name, target
             work_elements(task) >= MIN_UNTILED_ELEMENTS, task.task_name
         builds = shared_builder.build(task.mod, target, [None, sch.trace])
         assert all(b.ok for b in builds), [b.error for b in builds]
-        untuned, tuned = shared_runner.run([b.artifact_path for b in builds], task.args_info,
-                                           target)
-        # medians: one repeat can catch a pause of the process (another program's turn)
-        assert statistics.median(tuned.run_secs) < statistics.median(untuned.run_secs), \
-            (task.task_name, tuned.run_secs, untuned.run_secs)
+        assert_kernel_faster(shared_runner, builds[0].artifact_path, builds[1].artifact_path,
+                             task.args_info, target, task.task_name)
         checked += 1
     assert checked >= 2 and checked + tiny >= 3
 
@@ -193,8 +176,4 @@ def test_no_measurement_compile_dispatches_dynamic_functions_on_predicted_schedu
         np.testing.assert_allclose(vm["forward"](x).numpy(), uvm["forward"](x).numpy(),
                                    rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
     x = tvm.runtime.tensor(rng.uniform(-1, 1, (1, 64, 64)).astype("float32"))
-    fast, slow = [], []
-    for _ in range(3):
-        fast.append(_median_secs(vm["forward"], [x]))
-        slow.append(_median_secs(uvm["forward"], [x]))
-    assert statistics.median(fast) < statistics.median(slow)
+    assert_function_faster(vm["forward"], uvm["forward"], [x])
