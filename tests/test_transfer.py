@@ -16,6 +16,7 @@ from relax_tune.testing.workloads import matmul_mod
 from relax_tune.transfer.refit import kept_share, refit_trace, register_fallbacks
 from relax_tune.transfer import (TransferSource, fit_tile, library_database,
                                  machine_class, shape_distance, workload_shape)
+from relax_tune.transfer.similarity import anchor_distance
 from relax_tune.utils import args_info, normalize_mod, schedule_from_json, trace_to_json
 from relax_tune.work_dir import WorkDir
 
@@ -305,3 +306,64 @@ def test_remeasure_keeps_the_schedule_fastest_on_this_machine(target, tmp_path):
     mine = [r for r in rt.JSONDatabase(work_dir=out).get_all_tuning_records()
             if str(r.target) == str(target)]
     assert [r.trace_json for r in mine] == [fast.trace_json]
+
+
+def _epilogue_mod(n: int, bias: bool, extra: bool = False) -> tvm.IRModule:
+    """C = A @ B (n x n), plus a bias row (``bias``), a ReLU, and an added residual
+    (``extra``): one matmul with several epilogues, as importers produce them (an ONNX
+    convolution whose folded bias is zero has no bias add)."""
+    a = te.placeholder((n, n), "float32", name="A")
+    b = te.placeholder((n, n), "float32", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    out = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    args = [a, b]
+    if bias:
+        row = te.placeholder((n,), "float32", name="bias")
+        out = te.compute((n, n), lambda i, j: out[i, j] + row[j], name="T_add")
+        args.append(row)
+    out = te.compute((n, n), lambda i, j: te.max(out[i, j], 0.0), name="compute")
+    if extra:
+        res = te.placeholder((n, n), "float32", name="R")
+        out = te.compute((n, n), lambda i, j: out[i, j] + res[i, j], name="T_add_res")
+        args.append(res)
+    return normalize_mod(te.create_prim_func([*args, out]))
+
+
+def test_a_schedule_carries_over_to_the_same_matmul_with_another_epilogue(target, tmp_path):
+    """A tuned matmul + bias + ReLU gives its schedule to the same matmul with a ReLU alone
+    (the bias add's instructions dropped): found, replayed, applied without measurement and
+    correct. To one with an extra residual add it is only measured first (``covers`` is
+    False: that block is left as its own loop nest)."""
+    source = _epilogue_mod(64, bias=True)
+    plain, extra = _epilogue_mod(64, bias=False), _epilogue_mod(64, bias=True, extra=True)
+    shapes = [workload_shape(m) for m in (source, plain, extra)]
+    assert len({s.key for s in shapes}) == 3 and len({s.anchor for s in shapes}) == 1
+    assert anchor_distance(shapes[0], shapes[1]) == 0
+    assert 0 < anchor_distance(shapes[0], workload_shape(matmul_mod(128))) < float("inf")
+    x = te.placeholder((64, 64), "float32", name="A")  # no reduction: no anchor
+    scale = normalize_mod(te.create_prim_func([x, te.compute((64, 64), lambda i, j: x[i, j])]))
+    assert anchor_distance(workload_shape(scale), workload_shape(scale)) == float("inf")
+    wd = str(tmp_path)
+    rt.tune_tasks(rt.extract_tasks(source, target), wd, max_trials_global=8,
+                  num_trials_per_iter=4, transfer=False)
+    db = rt.JSONDatabase(work_dir=wd)
+    (found,) = TransferSource([db], per_task=1).find(plain, target)
+    assert found.covers and found.distance == 0
+    replayed = space_for_target(target).replay(plain, found.trace)
+    assert replayed.ok, replayed.error
+    assert "T_add" not in str(found.trace)
+    (carried,) = TransferSource([db], per_task=1).find(extra, target)
+    assert not carried.covers
+    # the no-measurement compile of the plain one takes the carried-over schedule
+    runner = CountingRunner()
+    tasks = rt.extract_tasks(plain, target)
+    (report,) = rt.tune_tasks(tasks, wd, measure=False, runner=runner)
+    assert runner.calls == 0 and report.predicted
+    (record,) = [r for r in WorkDir(wd).open_predicted().database.get_all_tuning_records()
+                 if args_info(r.workload.mod) == tasks[0].args_info]
+    assert candidate_key(record.trace_json) == candidate_key(trace_to_json(replayed.sch.trace))
+    lib = tvm.compile(schedule_from_json(plain, record.trace_json).mod, target)
+    x, w = np.random.rand(64, 64).astype("float32"), np.random.rand(64, 64).astype("float32")
+    y = tvm.runtime.tensor(np.zeros((64, 64), "float32"))
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), y)
+    np.testing.assert_allclose(y.numpy(), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-4)

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
 from tvm.s_tir import Schedule, Trace
 
 from ..space import sketch_part
@@ -126,10 +127,58 @@ class Refitted:
     """The source's factors of each fitted tiling, in the trace's order."""
 
 
-def refit_trace(source: Schedule, mod: tvm.IRModule) -> tuple[Refitted | None, str]:
+def _rvs(values) -> list:
+    """The random variables among an instruction's inputs (nested lists flattened)."""
+    out = []
+    for value in values:
+        if isinstance(value, (list, tuple, tvm_ffi.Array)):
+            out += _rvs(value)
+        elif value is not None and not isinstance(value, (int, float, str, tvm.tirx.IntImm,
+                                                          tvm.tirx.FloatImm)):
+            out.append(value)
+    return out
+
+
+_QUERIES = frozenset({"GetSBlock", "GetLoops", "GetConsumers", "GetProducers",
+                      "GetChildBlocks"})
+"""Instructions that only look a block or loop up: dropped where nothing uses what they
+return (a ``GetConsumers`` of the last block returns one block more on a workload with
+another block after it, and a replay stops at the count it does not expect)."""
+
+
+def prune_missing_blocks(trace: Trace, blocks: frozenset | set) -> Trace:
+    """``trace`` without its instructions on blocks not named in ``blocks``: each
+    ``GetSBlock`` of another name, and every instruction that uses what one of those
+    produced (an inlined bias add the new workload does not have, and its inlining); then
+    without the lookups (``_QUERIES``) whose results nothing uses."""
+    dead: set = set()
+    kept = []
+    for inst in trace.insts:
+        missing = inst.kind.name == "GetSBlock" and str(inst.attrs[0]) not in blocks
+        if missing or any(rv in dead for rv in _rvs(inst.inputs)):
+            dead.update(inst.outputs)
+            continue
+        kept.append(inst)
+    used: set = set()
+    for inst in reversed(list(kept)):
+        if inst.kind.name in _QUERIES and not any(rv in used for rv in inst.outputs):
+            kept.remove(inst)
+            continue
+        used.update(_rvs(inst.inputs))
+    if len(kept) == len(trace.insts):
+        return trace
+    decisions = {inst: trace.decisions[inst] for inst in kept if inst in trace.decisions}
+    return Trace(kept, decisions)
+
+
+def refit_trace(source: Schedule, mod: tvm.IRModule,
+                blocks: frozenset | set | None = None) -> tuple[Refitted | None, str]:
     """``source``'s trace (a schedule of an alike workload) replayed on ``mod`` with its
-    tiles fitted, or None and why not."""
+    tiles fitted, or None and why not; with ``blocks`` (``mod``'s block names), the
+    instructions on the source's other blocks dropped first (``prune_missing_blocks``)."""
     sketch = sketch_part(source.trace)
+    if blocks is not None:
+        sketch = prune_missing_blocks(sketch, blocks)
     error = ""
     for keep_locations in (True, False):
         shares: list[float] = []

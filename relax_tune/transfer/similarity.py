@@ -8,6 +8,12 @@ the other once its tile sizes are fitted to the new extents (``refit.py``).
 
 Among alike workloads the closest is the one whose loop extents differ least in ratio
 (:func:`shape_distance`): its tiles need the least refitting.
+
+Workloads that differ only after their last reduction block share an ``anchor``: the same
+convolution or matmul with another elementwise epilogue (no bias add, a ReLU for a clip, an
+extra residual add). Their tilings carry over once the instructions of the blocks the new
+workload lacks are dropped (``refit.prune_missing_blocks``); :func:`anchor_distance` says
+how close they are.
 """
 
 from __future__ import annotations
@@ -26,10 +32,16 @@ _KIND = {0: "S", 2: "R"}  # IterVar.iter_type: data-parallel, reduction; others 
 @dataclass(frozen=True)
 class Shape:
     """A workload's structure (``key``) and its blocks' loop extents in block order
-    (``extents``; None where one is symbolic: such a workload is never matched)."""
+    (``extents``; None where one is symbolic: such a workload is never matched); its
+    structure up to and including its last reduction block (``anchor``; None without one)
+    and how many of ``extents`` belong to those blocks (``anchor_loops``); the names of its
+    blocks (``blocks``)."""
 
     key: str
     extents: tuple[int, ...] | None
+    anchor: str | None = None
+    anchor_loops: int = 0
+    blocks: frozenset = frozenset()
 
 
 def workload_shape(mod: tvm.IRModule) -> Shape:
@@ -37,8 +49,11 @@ def workload_shape(mod: tvm.IRModule) -> Shape:
     blocks: list = []
     tvm_ffi.structural_walk(mod["main"].body, [(tvm.s_tir.SBlock, blocks.append)])
     parts: list[str] = []
+    names: set[str] = set()
     extents: list[int] | None = []
+    anchor, anchor_loops, loops = None, 0, 0
     for block in blocks:
+        names.add(str(block.name_hint))
         if block.name_hint == "root":
             continue
         kinds = "".join(_KIND.get(int(iv.iter_type), "O") for iv in block.iter_vars)
@@ -50,7 +65,11 @@ def workload_shape(mod: tvm.IRModule) -> Shape:
                 extents.append(int(ext))
             else:
                 extents = None
-    return Shape("|".join(parts), None if extents is None else tuple(extents))
+        loops += len(block.iter_vars)
+        if "R" in kinds:
+            anchor, anchor_loops = "|".join(parts), loops
+    return Shape("|".join(parts), None if extents is None else tuple(extents), anchor,
+                 anchor_loops, frozenset(names))
 
 
 def shape_distance(a: Shape, b: Shape) -> float:
@@ -60,3 +79,14 @@ def shape_distance(a: Shape, b: Shape) -> float:
             or len(a.extents) != len(b.extents):
         return math.inf
     return sum(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(a.extents, b.extents))
+
+
+def anchor_distance(a: Shape, b: Shape) -> float:
+    """``shape_distance`` over the anchors of two workloads alike up to their last reduction
+    block (``inf`` when their anchors differ or either has none)."""
+    if a.anchor is None or a.anchor != b.anchor or a.extents is None or b.extents is None \
+            or a.anchor_loops != b.anchor_loops:
+        return math.inf
+    n = a.anchor_loops
+    return sum(abs(math.log(max(x, 1) / max(y, 1)))
+               for x, y in zip(a.extents[:n], b.extents[:n]))

@@ -3,7 +3,8 @@
 A ``TransferSource`` indexes the workloads of some databases (the session's own, the
 library shipped with the package: ``library.py``) by structure (``similarity.py``) and
 answers, for a new workload, the best schedules of the closest alike ones, refitted to its
-shapes (``refit.py``). A record tuned for a machine of another class (another target kind,
+shapes (``refit.py``); where fewer than ``per_task`` are alike, those alike up to the last
+reduction block (another epilogue) follow, their other blocks' instructions dropped. A record tuned for a machine of another class (another target kind,
 vector width or vector register count: ``space.params.target_params``) is a schedule for
 other registers and lanes; ``same_class_only`` leaves those out.
 """
@@ -22,7 +23,7 @@ from ..database.records import is_baseline
 from ..space.params import target_params
 from ..utils import schedule_from_json, structural_hash
 from .refit import refit_trace, register_fallbacks
-from .similarity import Shape, shape_distance, workload_shape
+from .similarity import Shape, anchor_distance, shape_distance, workload_shape
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ class Transferred:
     same_class: bool
     kept: float = 1.0
     fallbacks: tuple = ()
+    covers: bool = True
+    """Whether the source scheduled every block of the new workload: False for a source
+    alike up to its anchor only (``similarity.anchor_distance``) that lacks one of the new
+    workload's epilogue blocks, which then runs as its own loop nest."""
 
 
 def machine_class(target: tvm.target.Target | str | dict) -> tuple:
@@ -140,21 +145,26 @@ class TransferSource:
             return []
         program = structural_hash(mod)
         here = self._class_of(target)
-        alike = sorted((shape_distance(shape, e.shape), i)
-                       for i, e in enumerate(self._index())
-                       if e.shape.key == shape.key
-                       and not (e.database is self.own and e.program == program))
+        others = [(i, e) for i, e in enumerate(self._index())
+                  if not (e.database is self.own and e.program == program)]
+        alike = sorted((shape_distance(shape, e.shape), i, False) for i, e in others
+                       if e.shape.key == shape.key)
+        anchored = sorted((anchor_distance(shape, e.shape), i, True) for i, e in others
+                          if e.shape.key != shape.key and e.shape.anchor == shape.anchor)
         out: list[Transferred] = []
-        for distance, i in alike:
-            if len(out) >= self.per_task or not math.isfinite(distance):
+        for distance, i, pruned in alike + anchored:
+            if len(out) >= self.per_task:
                 break
+            if not math.isfinite(distance):
+                continue
             source, same = self._source(i, here, same_class_only, str(target))
             if source is None:
                 continue
-            refitted, why = refit_trace(source, mod)
+            refitted, why = refit_trace(source, mod, shape.blocks if pruned else None)
             if refitted is None:
                 logger.debug("transfer: %s", why)
                 continue
+            covers = not pruned or shape.blocks <= self._index()[i].shape.blocks
             out.append(Transferred(refitted.trace, distance, same, refitted.kept,
-                                   tuple(register_fallbacks(refitted))))
+                                   tuple(register_fallbacks(refitted)), covers))
         return out
