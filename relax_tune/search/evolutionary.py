@@ -35,9 +35,8 @@ errors at the extremes of a large pool. The measurements: docs/design/first-pool
 With a transfer source (``SearchContext.transfer``), the first pool also gets the best
 schedules of the task's closest alike workloads, refitted to its shapes
 (``relax_tune.transfer``); they lead the first batch, become parents once measured, and
-the close, faithfully refitted ones of this machine's class that schedule every block of
-the task (``Transferred.covers``) are ``best_predicted``'s answer, ahead of the model's
-(``MAX_APPLY_DISTANCE``, ``MIN_APPLY_KEPT``).
+the close, faithfully refitted ones of this machine's class are ``best_predicted``'s
+answer, ahead of the model's (``MAX_APPLY_DISTANCE``, ``MIN_APPLY_KEPT``).
 
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds; the call then only re-scores the pool with the model that has learnt that batch,
@@ -531,7 +530,7 @@ class EvolutionarySearch(SearchStrategy):
                        decisions_of(trace), self._seed())
         for item, (job_, out) in zip(found, replay_transferred(found, job, self._replay)):
             if self._add(job_, out, exclude):
-                self._transferred.append((out.key, item.same_class and item.covers and (
+                self._transferred.append((out.key, item.same_class and (
                     item.distance <= MAX_APPLY_DISTANCE and item.kept >= MIN_APPLY_KEPT)))
 
     def _transferred_entries(self, applicable_only: bool = False) -> list[_Entry]:

@@ -4,7 +4,8 @@ A ``TransferSource`` indexes the workloads of some databases (the session's own,
 library shipped with the package: ``library.py``) by structure (``similarity.py``) and
 answers, for a new workload, the best schedules of the closest alike ones, refitted to its
 shapes (``refit.py``); where fewer than ``per_task`` are alike, those alike up to the last
-reduction block (another epilogue) follow, their other blocks' instructions dropped. A record tuned for a machine of another class (another target kind,
+reduction block follow (another epilogue, every block of the new workload among theirs),
+their other blocks' instructions dropped. A record tuned for a machine of another class (another target kind,
 vector width or vector register count: ``space.params.target_params``) is a schedule for
 other registers and lanes; ``same_class_only`` leaves those out.
 """
@@ -42,10 +43,6 @@ class Transferred:
     same_class: bool
     kept: float = 1.0
     fallbacks: tuple = ()
-    covers: bool = True
-    """Whether the source scheduled every block of the new workload: False for a source
-    alike up to its anchor only (``similarity.anchor_distance``) that lacks one of the new
-    workload's epilogue blocks, which then runs as its own loop nest."""
 
 
 def machine_class(target: tvm.target.Target | str | dict) -> tuple:
@@ -149,8 +146,12 @@ class TransferSource:
                   if not (e.database is self.own and e.program == program)]
         alike = sorted((shape_distance(shape, e.shape), i, False) for i, e in others
                        if e.shape.key == shape.key)
+        # alike up to the anchor, and scheduling every block of this workload: a block the
+        # source lacks would run as its own loop nest (EfficientNet's SiLU after MobileNetV2's
+        # clip), and such candidates led the first batch
         anchored = sorted((anchor_distance(shape, e.shape), i, True) for i, e in others
-                          if e.shape.key != shape.key and e.shape.anchor == shape.anchor)
+                          if e.shape.key != shape.key and e.shape.anchor == shape.anchor
+                          and shape.blocks <= e.shape.blocks)
         out: list[Transferred] = []
         for distance, i, pruned in alike + anchored:
             if len(out) >= self.per_task:
@@ -164,7 +165,6 @@ class TransferSource:
             if refitted is None:
                 logger.debug("transfer: %s", why)
                 continue
-            covers = not pruned or shape.blocks <= self._index()[i].shape.blocks
             out.append(Transferred(refitted.trace, distance, same, refitted.kept,
-                                   tuple(register_fallbacks(refitted)), covers))
+                                   tuple(register_fallbacks(refitted))))
         return out
