@@ -160,11 +160,13 @@ def prune_missing_blocks(trace: Trace, blocks: frozenset | set) -> Trace:
             continue
         kept.append(inst)
     used: set = set()
-    for inst in reversed(list(kept)):
+    needed = []
+    for inst in reversed(kept):
         if inst.kind.name in _QUERIES and not any(rv in used for rv in inst.outputs):
-            kept.remove(inst)
             continue
         used.update(_rvs(inst.inputs))
+        needed.append(inst)
+    kept = needed[::-1]
     if len(kept) == len(trace.insts):
         return trace
     decisions = {inst: trace.decisions[inst] for inst in kept if inst in trace.decisions}

@@ -78,15 +78,16 @@ def shape_distance(a: Shape, b: Shape) -> float:
     if a.key != b.key or a.extents is None or b.extents is None \
             or len(a.extents) != len(b.extents):
         return math.inf
-    return sum(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(a.extents, b.extents))
+    return _log_ratios(a.extents, b.extents)
 
 
 def anchor_distance(a: Shape, b: Shape) -> float:
     """``shape_distance`` over the anchors of two workloads alike up to their last reduction
     block (``inf`` when their anchors differ or either has none)."""
-    if a.anchor is None or a.anchor != b.anchor or a.extents is None or b.extents is None \
-            or a.anchor_loops != b.anchor_loops:
-        return math.inf
-    n = a.anchor_loops
-    return sum(abs(math.log(max(x, 1) / max(y, 1)))
-               for x, y in zip(a.extents[:n], b.extents[:n]))
+    if a.anchor is None or a.anchor != b.anchor or a.extents is None or b.extents is None:
+        return math.inf  # equal anchors have equal loop counts: their kinds spell them out
+    return _log_ratios(a.extents[:a.anchor_loops], b.extents[:b.anchor_loops])
+
+
+def _log_ratios(xs: tuple[int, ...], ys: tuple[int, ...]) -> float:
+    return sum(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(xs, ys))

@@ -5,9 +5,9 @@ library shipped with the package: ``library.py``) by structure (``similarity.py`
 answers, for a new workload, the best schedules of the closest alike ones, refitted to its
 shapes (``refit.py``); where fewer than ``per_task`` are alike, those alike up to the last
 reduction block follow (another epilogue, every block of the new workload among theirs),
-their other blocks' instructions dropped. A record tuned for a machine of another class (another target kind,
-vector width or vector register count: ``space.params.target_params``) is a schedule for
-other registers and lanes; ``same_class_only`` leaves those out.
+their other blocks' instructions dropped. A record tuned for a machine of another class
+(another target kind, vector width or vector register count: ``space.params.target_params``)
+is a schedule for other registers and lanes; ``same_class_only`` leaves those out.
 """
 
 from __future__ import annotations
