@@ -100,10 +100,11 @@ class SearchStrategy:
         """Measured results of earlier candidates (mean seconds; failures as a large value)."""
         return None
 
-    def best_predicted(self, exclude: set[str] | frozenset[str] = frozenset()
-                       ) -> Candidate | None:
+    def best_predicted(self, exclude: set[str] | frozenset[str] = frozenset(),
+                       accept=None, lookahead: int = 64) -> Candidate | None:
         """The candidate the strategy's cost model ranks first, without measuring it (the
-        no-measurement compile, ``tuning.predict``); None for a strategy without a model."""
+        no-measurement compile, ``tuning.predict``), preferring one of its ``lookahead``
+        best that passes ``accept``; None for a strategy without a model."""
         return None
 
     def prepare(self, exclude: set[str] | frozenset[str] = frozenset()) -> None:

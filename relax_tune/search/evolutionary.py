@@ -439,13 +439,13 @@ class EvolutionarySearch(SearchStrategy):
                      len(self._pool), self.errors)
         return out
 
-    def best_predicted(self, exclude: set[str] | frozenset[str] = frozenset()
-                       ) -> Candidate | None:
-        """The schedule to apply unmeasured, left in the pool (the next call may still
-        return it): the closest transferred one tuned on a machine of this class within
-        ``MAX_APPLY_DISTANCE`` whose refitting kept ``MIN_APPLY_KEPT`` of its tiles, else
-        the one the model ranks first (the pool grown first
-        when the next call's is not, as ``prepare``). None when there is neither."""
+    def best_predicted(self, exclude: set[str] | frozenset[str] = frozenset(),
+                       accept=None, lookahead: int = 64) -> Candidate | None:
+        """The schedule to apply unmeasured, left in the pool (the next call may return it):
+        the closest transferred one of a machine of this class within ``MAX_APPLY_DISTANCE``
+        that kept ``MIN_APPLY_KEPT`` of its tiles, else the model's first (the pool grown
+        first, as ``prepare``), or the first of its ``lookahead`` best that passes
+        ``accept`` where one does. None when there is neither."""
         ranks = getattr(self.model, "ranks", None)
         model_ranks = ranks is not None and ranks(self.task)
         if not self._tunable or not (model_ranks or self.context.transfer is not None):
@@ -460,14 +460,14 @@ class EvolutionarySearch(SearchStrategy):
             return None
         self.prepare(exclude)
         self._score_pool()
-        # a transferred schedule that is not applicable is left to measurement: the model
-        # has not seen its like, and its tiles are not what was tuned. Unless it is all the
-        # pool holds: then sampling found no other program (a sample that repeats a pooled
-        # program is dropped), so it is the one program sampling gives, tiles or none.
+        # a transferred schedule not applicable is left to measurement (the model has not
+        # seen its like), unless the pool holds nothing else: sampling gives no other program.
         unfit = {e.cand.key for e in self._transferred_entries()}
         entries = [e for e in self._pool.values() if e.cand.key not in exclude]
         entries = [e for e in entries if e.cand.key not in unfit] or entries
-        best = max(entries, key=lambda e: e.score).cand if entries else None
+        ranked = [e.cand for e in sorted(entries, key=lambda e: -e.score)]
+        best = next((c for c in ranked[:lookahead] if accept(c)), None) if accept else None
+        best = best or (ranked[0] if ranked else None)
         self._predicted_key = best.key if best is not None else None
         return best
 

@@ -24,6 +24,15 @@ untuned than their best schedule after 300 s of tuning, docs/design/time-budget.
 Smaller ones keep their untuned code until measured, and so do tiled tasks of fewer than
 ``MIN_TILED_FLOPS`` operations (a classifier's 1x64 by 64x10 matmul: its untuned loop is
 shorter than a parallel schedule's start).
+
+Where the model's best candidates vectorise an odd width (more than one SIMD register, not
+a whole number of them: 29 floats of a 116-channel convolution), the first of them that
+does not (``whole_vectors``) is chosen instead. LLVM legalises an odd-width vector piece by
+piece, and such candidates ran anywhere from 0.1x to 1.5x the untuned function. The
+pre-trained model ranked them first: on ShuffleNetV2's 1x1 convolutions with 58 and 116
+channels, its ten best on the 116-channel one ran 321-882 us against 219 us untuned;
+the best of whole vectors ran 80-455 us on each of four such tasks, 2.3-3.2x
+faster than untuned (docs/results/zen3-epyc.md, session 20).
 """
 
 from __future__ import annotations
@@ -33,8 +42,11 @@ import logging
 import math
 import time
 
+from tvm import tirx
+
 from ..database.predicted import PredictedSchedules
-from ..space.params import ANN_TILED
+from ..space.analysis import statements
+from ..space.params import ANN_TILED, target_params
 from ..utils import trace_to_json
 from .state import TaskState
 
@@ -68,6 +80,30 @@ matmul with bias, 1.3e3 FLOPs, ran 0.14 us untuned against 1.22 us predicted; 1x
 128x32, 8.2e3 FLOPs, 1.14 us against 0.17 us, and every larger one faster still."""
 
 
+def whole_vectors(func: tirx.PrimFunc, vector_bytes: int) -> bool:
+    """Whether every vectorised loop of the scheduled ``func`` fills one SIMD register of
+    ``vector_bytes`` at most, or a whole number of them (its width times the bytes of the
+    elements its stores write)."""
+    for stmt in statements(func.body):
+        if isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.VECTORIZED \
+                and isinstance(stmt.extent, tirx.IntImm):
+            bits = max((s.buffer.dtype.bits for s in statements(stmt.body)
+                        if isinstance(s, tirx.BufferStore)), default=32)
+            size = int(stmt.extent) * max(1, bits // 8)
+            if size > vector_bytes and size % vector_bytes:
+                return False
+    return True
+
+
+def _whole_vectors_on(target):
+    vector_bytes = target_params(target).vector_bytes
+
+    def accept(cand) -> bool:
+        return all(whole_vectors(f, vector_bytes) for f in cand.sch.mod.functions.values()
+                   if isinstance(f, tirx.PrimFunc))
+    return accept
+
+
 def work_elements(task) -> int:
     """Elements of the task's largest tensor argument."""
     sizes = [math.prod(int(d) for d in arg[2]) for arg in task.args_info
@@ -99,7 +135,7 @@ def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
         if st.report.best_secs is not None or not (large or may_tile(st.search)):
             continue  # measured already (ApplyDatabase takes the measurement), or too small
         try:
-            cand = st.search.best_predicted(st.measured)
+            cand = st.search.best_predicted(st.measured, _whole_vectors_on(st.task.target))
         except Exception as err:  # noqa: BLE001 - the task keeps its untuned code
             logger.warning("%s: no predicted schedule (%s)", st.report.task_name, err)
             continue
