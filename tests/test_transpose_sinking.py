@@ -67,3 +67,28 @@ def test_a_rewrite_that_leaves_as_many_transposes_is_not_kept():
 
     mod = _function(block)
     assert sink_transposes(mod) is mod
+
+
+def test_a_channel_shuffle_between_concat_and_split_stays_channels_last():
+    """ShuffleNetV2's block as ConvertLayout leaves it: two NHWC branches back to NCHW,
+    concatenated, shuffled (channels reshaped into 2 groups, the groups transposed, reshaped
+    back), split in two, each half back to NHWC. Every transpose cancels."""
+
+    def block(bb, x, _r):
+        a = bb.emit(relax.op.permute_dims(x, NCHW))
+        b = bb.emit(relax.op.permute_dims(relax.op.nn.relu(x), NCHW))
+        c = bb.emit(relax.op.concat([a, b], axis=1))  # 1 x 16 x 6 x 5
+        g = bb.emit(relax.op.reshape(c, [1, 2, 8, 6, 5]))
+        s = bb.emit(relax.op.reshape(relax.op.permute_dims(g, [0, 2, 1, 3, 4]), [1, 16, 6, 5]))
+        halves = bb.emit(relax.op.split(s, 2, axis=1))
+        first = bb.emit(relax.op.permute_dims(relax.TupleGetItem(halves, 0), NHWC))
+        second = bb.emit(relax.op.permute_dims(relax.TupleGetItem(halves, 1), NHWC))
+        return bb.emit(relax.op.subtract(first, second))
+
+    mod = _function(block)
+    assert count_transposes(mod) == 5
+    out = sink_transposes(mod)
+    assert count_transposes(out) == 1  # the shuffle's own transpose of the groups
+    x = np.random.default_rng(0).standard_normal((1, 6, 5, 8)).astype("float32")
+    unused = np.zeros((1, 8, 3, 2), "float32")
+    np.testing.assert_allclose(_run(out, x, unused), _run(mod, x, unused), rtol=1e-6)

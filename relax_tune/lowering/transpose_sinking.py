@@ -17,7 +17,16 @@ tuned model's time in those kernels (Intel Xeon, 2 threads).
   ``b(T(x), c)`` -> ``T(b(x, c))`` (``c`` a scalar) for the elementwise binary operations;
 - ``pad(T(x))`` -> ``T(pad'(x))`` (the pad widths permuted);
 - a 2-D pool of an NHWC tensor made NCHW by ``T`` -> ``T`` of the NHWC pool;
+- ``concat(T(x), T(y))`` -> ``T(concat(x, y))`` and ``split(T(x))`` -> ``T`` of each part
+  of ``split(x)`` (the axis permuted);
+- a channel shuffle (ShuffleNet's reshape of the channels into groups, transpose of the
+  groups, reshape back) of an NHWC tensor made NCHW by ``T`` -> ``T`` of the same shuffle
+  on the NHWC tensor;
 - ``T2(T1(x))`` -> ``x`` (or one transpose, their composition).
+
+``ConvertLayout`` carries the channels-last layout through a concatenation and a split, but
+not through a channel shuffle: ShuffleNetV2 went back to NCHW at every block's shuffle,
+and each block ran a transpose kernel and a shuffle kernel of strided copies.
 
 A transpose with several users is moved down each of their paths, so it can end up
 duplicated; the rewritten module is kept only when it has fewer transposes than it had.
@@ -28,7 +37,7 @@ from __future__ import annotations
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.relax.dpl import is_op, wildcard
+from tvm.relax.dpl import is_op, is_tuple, wildcard
 
 from .qparams import qparams_of
 from .rewrite import count_calls, rewrite_functions
@@ -61,6 +70,13 @@ def _axes(call: relax.Call) -> list[int] | None:
         return None
     axes = call.attrs.axes
     return list(range(ndim))[::-1] if axes is None else [int(a) for a in axes]
+
+
+def _static_shape(expr: relax.Expr) -> list[int] | None:
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
+        return None
+    return [int(d) for d in shape]
 
 
 def _is_scalar(expr: relax.Expr) -> bool:
@@ -142,6 +158,47 @@ def _rules():
 
     for name in POOLS:
         rules.append((is_op(name)(tx), pool_rule))
+
+    def concat_rule(matched, m):
+        a, b = _axes(m[tx]), _axes(m[ty])
+        if a is None or a != b or _ndim(m[x]) != _ndim(m[y]):
+            return matched
+        axis = a[int(matched.attrs.axis) % len(a)]
+        return _transpose(relax.op.concat(relax.Tuple([m[x], m[y]]), axis), a)
+
+    rules.append((is_op("relax.concat")(is_tuple([tx, ty])), concat_rule))
+
+    def split_rule(matched, m):
+        axes, parts = _axes(m[tx]), getattr(matched.ty, "fields", None)
+        if axes is None or parts is None:
+            return matched
+        sections = matched.attrs.indices_or_sections
+        sections = [int(i) for i in sections] if isinstance(sections, (list, tvm_ffi.Array)) \
+            else int(sections)
+        split = relax.op.split(m[x], sections, axes[int(matched.attrs.axis) % len(axes)])
+        return relax.Tuple([_transpose(relax.TupleGetItem(split, i), axes)
+                            for i in range(len(parts))])
+
+    rules.append((is_op("relax.split")(tx), split_rule))
+
+    grouped = is_op("relax.reshape")(tx, wildcard())
+    swapped = is_op("relax.permute_dims")(grouped)
+
+    def shuffle_rule(matched, m):
+        shape = _static_shape(m[x])
+        groups, swap = _static_shape(m[grouped]), _axes(m[swapped])
+        if _axes(m[tx]) != NHWC_TO_NCHW or shape is None or groups is None \
+                or swap != [0, 2, 1, 3, 4] or _static_shape(matched) is None:
+            return matched
+        n, h, w, c = shape
+        if groups[0] != n or groups[3:] != [h, w] or groups[1] * groups[2] != c \
+                or _static_shape(matched) != [n, c, h, w]:
+            return matched
+        nhwc = relax.op.reshape(m[x], [n, h, w, groups[1], groups[2]])
+        nhwc = relax.op.reshape(relax.op.permute_dims(nhwc, [0, 1, 2, 4, 3]), [n, h, w, c])
+        return relax.op.permute_dims(nhwc, NHWC_TO_NCHW)
+
+    rules.append((is_op("relax.reshape")(swapped, wildcard()), shuffle_rule))
 
     def double_rule(matched, m):
         inner, outer = _axes(m[tx]), _axes(matched)
