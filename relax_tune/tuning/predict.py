@@ -28,11 +28,11 @@ shorter than a parallel schedule's start).
 Where the model's best candidates vectorise an odd width (more than one SIMD register, not
 a whole number of them: 29 floats of a 116-channel convolution), the first of them that
 does not (``whole_vectors``) is chosen instead. LLVM legalises an odd-width vector piece by
-piece, and such candidates ran anywhere from 0.1x to 1.5x the untuned function. The
-pre-trained model ranked them first: on ShuffleNetV2's 1x1 convolutions with 58 and 116
-channels, its ten best on the 116-channel one ran 321-882 us against 219 us untuned;
-the best of whole vectors ran 80-455 us on each of four such tasks, 2.3-3.2x
-faster than untuned (docs/results/zen3-epyc.md, session 20).
+piece, and such candidates took from 0.1x to 4x the untuned function's time; the
+pre-trained model cannot tell which, and ranked them first. On ShuffleNetV2's 1x1
+convolutions of 58 and 116 channels, its ten best on the 116-channel one ran 321-882 us
+against 219 us untuned; its first on whole vectors ran 1.5x-3.2x faster than untuned on
+each of four such tasks (docs/results/zen3-epyc.md, session 20).
 """
 
 from __future__ import annotations
