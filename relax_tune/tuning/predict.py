@@ -26,8 +26,8 @@ Smaller ones keep their untuned code until measured, and so do tiled tasks of fe
 shorter than a parallel schedule's start).
 
 Where the model's best candidates vectorise an odd width (more than one SIMD register, not
-a whole number of them: 29 floats of a 116-channel convolution), the first of them that
-does not (``whole_vectors``) is chosen instead. LLVM legalises an odd-width vector piece by
+a whole number of them: 29 floats of a 116-channel convolution), the model's first among
+its 64 best that does not (``whole_vectors``) is chosen instead. LLVM legalises an odd-width vector piece by
 piece, and such candidates took from 0.1x to 4x the untuned function's time; the
 pre-trained model cannot tell which, and ranked them first. On ShuffleNetV2's 1x1
 convolutions of 58 and 116 channels, its ten best on the 116-channel one ran 321-882 us
