@@ -209,18 +209,17 @@ def test_whole_vectors_tells_odd_vector_widths(target):
     assert whole_vectors(mod["main"], vector_bytes)  # nothing vectorised
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_an_odd_channel_convolution_is_predicted_on_whole_vectors(seed, target, tmp_path):
+def test_an_odd_channel_convolution_is_predicted_on_whole_vectors(target, tmp_path):
     """The pre-trained model ranks candidates on 29-float vectors first here; on the AMD
     EPYC its ten best ran 1.5x-4x slower than the untuned function (docs/results/zen3-epyc.md,
-    session 20), with seeds 0 and 1 here. The predicted schedule vectorises whole registers
+    session 20), and with seed 0 here. The predicted schedule vectorises whole registers
     instead, and computes correctly."""
     mod, _ = _odd_channel_conv()
     _, weights = split_inputs(mod, model_inputs(mod))
     lowered = rt.transform.lower_for_tuning(mod, target, weights, cpu_weight_prepack=True)
     tasks = [t for t in rt.extract_tasks(lowered, target) if "conv2d" in t.task_name]
     assert len(tasks) == 1
-    (report,) = rt.tune_tasks(tasks, str(tmp_path), measure=False, seed=seed)
+    (report,) = rt.tune_tasks(tasks, str(tmp_path), measure=False, seed=0)
     sch = WorkDir(str(tmp_path)).open_predicted().query_schedule(tasks[0].mod, target)
     assert report.predicted and sch is not None
     assert whole_vectors(sch.mod["main"], target_params(target).vector_bytes)
