@@ -80,8 +80,8 @@ def _static_shape(expr: relax.Expr) -> list[int] | None:
 
 
 def _is_scalar(expr: relax.Expr) -> bool:
-    shape = getattr(expr.ty, "shape", None)
-    return shape is not None and all(int(d) == 1 for d in shape)
+    shape = _static_shape(expr)
+    return shape is not None and all(d == 1 for d in shape)
 
 
 def _transpose(x: relax.Expr, axes: list[int]) -> relax.Expr:
@@ -188,7 +188,7 @@ def _rules():
         shape = _static_shape(m[x])
         groups, swap = _static_shape(m[grouped]), _axes(m[swapped])
         if _axes(m[tx]) != NHWC_TO_NCHW or shape is None or groups is None \
-                or swap != [0, 2, 1, 3, 4] or _static_shape(matched) is None:
+                or swap != [0, 2, 1, 3, 4]:
             return matched
         n, h, w, c = shape
         if groups[0] != n or groups[3:] != [h, w] or groups[1] * groups[2] != c \

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import tvm
 import tvm_ffi
@@ -130,23 +130,6 @@ def _children(stmt: Any) -> list:
         if child is not None and isinstance(child, tirx.Stmt):
             out.append(child)
     return out
-
-
-def statements(stmt: Any) -> Iterator[Any]:
-    """Every statement of ``stmt``, itself first (pre-order), blocks' inits and bodies
-    included."""
-    stack = [stmt]
-    while stack:
-        current = stack.pop()
-        if current is None:
-            continue
-        yield current
-        if isinstance(current, tvm.s_tir.SBlockRealize):
-            stack.append(current.block)
-        elif isinstance(current, tvm.s_tir.SBlock):
-            stack += [current.body, current.init]
-        else:
-            stack += reversed(_children(current))
 
 
 def block_exists(sch: Schedule, block: SBlockRV) -> bool:

@@ -223,7 +223,7 @@ class _Checker:
             if extent is None:
                 self.fail(f"vectorised loop {name} has a symbolic extent")
                 return
-            width = _widest_element(loop.body)
+            width = widest_element(loop.body)
             limit = max(1, _VECTOR_LIMIT_REGISTERS * self.params.vector_bytes // width)
             if extent > limit:
                 self.fail(f"vectorised loop {name} has {extent} lanes of {width}-byte "
@@ -235,7 +235,8 @@ class _Checker:
         self.visit(loop.body, parallel, vector)
 
 
-def _widest_element(stmt: Any) -> int:
+def widest_element(stmt: Any) -> int:
+    """Bytes of the widest element ``stmt``'s stores write (4 where it cannot be read)."""
     widths = [1]
 
     def on_store(node: Any) -> None:

@@ -42,11 +42,12 @@ import logging
 import math
 import time
 
+import tvm_ffi
 from tvm import tirx
 
 from ..database.predicted import PredictedSchedules
-from ..space.analysis import statements
 from ..space.params import ANN_TILED, target_params
+from ..space.verify import widest_element
 from ..utils import trace_to_json
 from .state import TaskState
 
@@ -83,16 +84,15 @@ matmul with bias, 1.3e3 FLOPs, ran 0.14 us untuned against 1.22 us predicted; 1x
 def whole_vectors(func: tirx.PrimFunc, vector_bytes: int) -> bool:
     """Whether every vectorised loop of the scheduled ``func`` fills one SIMD register of
     ``vector_bytes`` at most, or a whole number of them (its width times the bytes of the
-    elements its stores write)."""
-    for stmt in statements(func.body):
-        if isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.VECTORIZED \
-                and isinstance(stmt.extent, tirx.IntImm):
-            bits = max((s.buffer.dtype.bits for s in statements(stmt.body)
-                        if isinstance(s, tirx.BufferStore)), default=32)
-            size = int(stmt.extent) * max(1, bits // 8)
-            if size > vector_bytes and size % vector_bytes:
-                return False
-    return True
+    widest element its stores write)."""
+    sizes: list[int] = []
+
+    def on_loop(loop: tirx.For) -> None:
+        if loop.kind == tirx.ForKind.VECTORIZED and isinstance(loop.extent, tirx.IntImm):
+            sizes.append(int(loop.extent) * widest_element(loop.body))
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, on_loop)])
+    return all(size <= vector_bytes or size % vector_bytes == 0 for size in sizes)
 
 
 def _whole_vectors_on(target):
