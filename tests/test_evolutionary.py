@@ -176,7 +176,7 @@ def test_a_pool_whose_time_is_spent_replays_no_whole_chunk_past_it(target):
     fresh samples, and replays not much more than those (invalid samples are replaced):
     no chunk of 32 started past the time,
     no mutation round."""
-    from relax_tune.search.pool_clock import MIN_TIMED_POOL
+    from relax_tune.search.pool_budget import MIN_TIMED_POOL
 
     search = EvolutionarySearch(matmul(256), target, seed=3, ranked_pool=64,
                                 context=SearchContext(cost_model=PriorXGBModel(),
@@ -185,6 +185,21 @@ def test_a_pool_whose_time_is_spent_replays_no_whole_chunk_past_it(target):
     least = MIN_TIMED_POOL
     assert least <= search.stats["fresh"] and search.stats["replays"] <= 2 * least
     assert search.stats["mutants"] == 0
+
+
+def test_a_pool_of_so_many_replays_replays_that_many_and_picks_the_same(target):
+    """A pool budget in replays (``SearchContext.pool_replays``, the no-measurement
+    compile's) replays exactly that many candidates, no mutation round once it is spent,
+    and two searches with the same seed pool the same candidates."""
+    pools = []
+    for _ in range(2):
+        search = EvolutionarySearch(matmul(256), target, seed=3, ranked_pool=512,
+                                    context=SearchContext(cost_model=PriorXGBModel(),
+                                                          pool_replays=20))
+        search.prepare()
+        assert search.stats["replays"] == 20 and search.stats["mutants"] == 0, search.stats
+        pools.append(sorted(search._pool))
+    assert pools[0] == pools[1]
 
 
 def test_a_space_of_few_programs_stops_sampling_after_a_streak_of_duplicates(target):

@@ -229,3 +229,21 @@ def test_an_odd_channel_convolution_is_predicted_on_whole_vectors(target, tmp_pa
     untuned, predicted = (shared_runner.run_and_fetch(b.artifact_path, task.args_info, target,
                                                       seed=3)[-1] for b in builds)
     np.testing.assert_allclose(predicted, untuned, rtol=1e-4, atol=1e-4)
+
+
+def test_the_no_measurement_compile_picks_the_same_schedules_every_time(target, tmp_path):
+    """Two no-measurement compiles of the same model into fresh work_dirs record the same
+    schedule for every task: the pools are sized in replays, not seconds, so the machine's
+    speed at the moment does not change what the model chooses from."""
+    mod, _ = MODELS["conv_net"]()
+    _, weights = split_inputs(mod, model_inputs(mod))
+    lowered = rt.transform.lower_for_tuning(mod, target, weights, cpu_weight_prepack=True)
+    tasks = [t for t in rt.extract_tasks(lowered, target) if "conv2d" in t.task_name][:2]
+    picks = []
+    for run in ("a", "b"):
+        rt.tune_tasks(tasks, str(tmp_path / run), measure=False)
+        predicted = WorkDir(str(tmp_path / run)).open_predicted()
+        picks.append([None if (s := predicted.query_schedule(t.mod, target)) is None
+                      else str(s.trace) for t in tasks])
+    assert len(tasks) == 2 and None not in picks[0]
+    assert picks[0] == picks[1]

@@ -186,7 +186,7 @@ def test_server_lost_mid_batch(builder, target, fault):
     # a session lands before its result is sent
     mod = matmul_mod(256)
     info = utils.args_info(mod)
-    arts = [b.artifact_path for b in builder.build(mod, target, [None] * 6)]
+    arts = [b.artifact_path for b in builder.build(mod, target, [None] * 4)]
     with LocalRPCCluster(n_servers=2, key=f"rt-{fault}") as c:
         victim, survivor = c.servers[0], c.server_ports[1]
         sig = signal.SIGKILL if fault == "killed" else signal.SIGSTOP

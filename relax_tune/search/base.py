@@ -62,6 +62,8 @@ class SearchContext:
         pool_secs: seconds the search may spend growing one pool (None: no limit). A
             session with a time limit gives each task a share of it, so that a large
             model's first pools do not take the whole limit before any candidate is built.
+        pool_replays: candidates the search may replay growing one pool (None: no limit):
+            the no-measurement compile's budget, which gives the same pool in every run.
         transfer: a ``relax_tune.transfer.TransferSource``: the best schedules of alike
             workloads, refitted, join the first pool and lead the first batch (None: none).
     """
@@ -72,6 +74,7 @@ class SearchContext:
     task: Any = None
     replay_pool: Any = None
     pool_secs: float | None = None
+    pool_replays: int | None = None
     transfer: Any = None
 
     def __post_init__(self) -> None:

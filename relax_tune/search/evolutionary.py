@@ -60,14 +60,13 @@ import tvm
 from tvm.s_tir import Schedule, Trace
 
 from ..cost_model.features import N_FEATURES, extract_features
-from ..database.records import is_baseline
+from ..database.records import candidate_key, is_baseline
 from ..space import sketch_part, space_for_target, without_decisions
 from ..space.params import target_params
 from ..utils import FAILED_RUN_SECS, schedule_from_json, structural_hash
-from ..database.records import candidate_key
 from .base import Candidate, SearchContext, SearchStrategy
 from .mutators import Mutator, default_mutators
-from .pool_clock import MIN_TIMED_POOL, PoolClock
+from .pool_budget import MIN_TIMED_POOL, PoolBudget
 from .replayer import Job, Outcome, Replayer, decisions_of, with_decisions
 from .sketch_leads import first_batch_order, replay_transferred
 
@@ -223,7 +222,7 @@ class EvolutionarySearch(SearchStrategy):
         self._grown = False  # a pool was grown before (the next one is not the first)
         self._ranked_first = False  # the pool is the larger first one the model ranks
         self._small_pool: set[str] = set()  # keys of the first ranked pool's small part
-        self._clock = PoolClock()  # the time of the pool being grown
+        self._budget = PoolBudget()  # of the pool being grown
         self._transferred: list[tuple[str, bool]] = []  # (key, close enough to apply unmeasured)
         self._transfer_tried = False
         self._predicted_key: str | None = None  # best_predicted's choice: leads batch one
@@ -287,6 +286,7 @@ class EvolutionarySearch(SearchStrategy):
     def _replay(self, jobs: list[Job]) -> list[Outcome]:
         start = time.perf_counter()
         out = self.replayer.replay(jobs)
+        self._budget.spend(len(jobs))
         self.stats["replays"] += len(jobs)
         self.stats["replay_secs"] += time.perf_counter() - start
         return out
@@ -315,7 +315,7 @@ class EvolutionarySearch(SearchStrategy):
         repeats = 0  # among the replays since the last new program (``streak``)
         cap = 4 * count + 8
         while added < count and attempts < cap and streak < self.max_fail_streak \
-                and not (added >= MIN_TIMED_POOL and self._clock.out_of_time()):
+                and not (added >= MIN_TIMED_POOL and self._budget.spent()):
             if streak >= MIN_TIMED_POOL and 2 * repeats >= streak:
                 break  # nothing new for a while, half of it repeats: a space of few programs
             # never more jobs than candidates still wanted (every job replayed here past the
@@ -382,14 +382,14 @@ class EvolutionarySearch(SearchStrategy):
                 mutants: int) -> None:
         streak = 0
         for _ in range(generations):
-            if self._clock.out_of_time():
+            if self._budget.spent():
                 return
             self._score_pool()
             parents = self._parent_traces()
             if not parents:
                 return
             done = 0
-            while done < mutants and not (done and self._clock.out_of_time()):
+            while done < mutants and not (done and self._budget.spent()):
                 jobs: list[Job | None] = []
                 for _ in range(self._chunk(mutants - done, 1)):
                     sketch, trace = parents[int(self.rng.integers(len(parents)))]
@@ -482,18 +482,18 @@ class EvolutionarySearch(SearchStrategy):
             self._prepared = True
 
     def _chunk(self, wanted: int, floor: int) -> int:
-        return self._clock.chunk(wanted, floor, self.stats["replays"], self.stats["replay_secs"])
+        return self._budget.chunk(wanted, floor, self.stats["replays"], self.stats["replay_secs"])
 
     def _grow(self, exclude: set[str] | frozenset[str], at_least: int = 0) -> None:
         """Fresh samples and mutation rounds for the next call; the first pool is the larger
-        one when the model already ranks the task (module docstring). With a time per pool
-        (``SearchContext.pool_secs``) the growing stops when it is spent, after at least
-        ``MIN_TIMED_POOL`` fresh samples (and ``at_least``)."""
-        self._clock.start(self.context.pool_secs)
+        one when the model already ranks the task (module docstring). With a budget per pool
+        (``SearchContext.pool_secs``, ``pool_replays``) the growing stops when it is spent,
+        after at least ``MIN_TIMED_POOL`` fresh samples (and ``at_least``)."""
+        self._budget.start(self.context.pool_secs, self.context.pool_replays)
         try:
             self._grow_pool(exclude, at_least)
         finally:
-            self._clock.stop()
+            self._budget.stop()
 
     def _grow_pool(self, exclude: set[str] | frozenset[str], at_least: int) -> None:
         fresh, generations, mutants = \

@@ -142,6 +142,8 @@ def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
         if cand is None or not (large or tiles_for_reuse(cand.trace_json)):
             continue
         predicted.add(st.task.mod, cand.trace_json, st.task.target, st.task.args_info)
+        logger.debug("%s: predicted after %d replays", st.report.task_name,
+                     getattr(st.search, "stats", {}).get("replays", 0))
         st.report.predicted = True
         count += 1
     return count

@@ -118,11 +118,11 @@ class TaskState:
 
 def init_state(index: int, task: Task, db: Database, strategy: str, seed: int,
                cost_model=None, replay_pool=None, pool_secs: float | None = None,
-               transfer=None) -> TaskState:
+               transfer=None, pool_replays: int | None = None) -> TaskState:
     """The state of task number ``index`` from the records already in ``db`` (they count
     as trials and are never measured again), with its search seeded per task and given
-    ``pool_secs`` per pool (``SearchContext.pool_secs``) and the schedules of alike
-    workloads from ``transfer`` (``SearchContext.transfer``)."""
+    ``pool_secs`` and ``pool_replays`` per pool (``SearchContext``) and the schedules of
+    alike workloads from ``transfer`` (``SearchContext.transfer``)."""
     workload = db.commit_workload(task.mod)
     records = db.get_records(workload)
     measured = {candidate_key(r.trace_json) for r in records}
@@ -145,7 +145,7 @@ def init_state(index: int, task: Task, db: Database, strategy: str, seed: int,
     search = make_search(strategy, task.mod, task.target, seed=task_seed,
                          context=SearchContext(cost_model=cost_model, records=warm, task=task,
                                                replay_pool=replay_pool, pool_secs=pool_secs,
-                                               transfer=transfer))
+                                               pool_replays=pool_replays, transfer=transfer))
     return TaskState(task, report, workload, search, measured,
                      progress=TaskProgress(weight=task.weight, importance=1.0),
                      incumbent=Incumbent(trace=best_trace))

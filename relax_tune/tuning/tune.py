@@ -15,6 +15,7 @@ from ..cost_model import make_cost_model
 from ..database import Database
 from ..dynamic.tuning import dynamic_hooks
 from ..measure import LocalBuilder, LocalRunner, Measurer
+from ..search.pool_budget import MIN_TIMED_POOL
 from ..transfer import TransferSource, library_database
 from ..utils import RelaxTuneError, parse_target
 from ..work_dir import WorkDir, open_database
@@ -167,17 +168,18 @@ def _predict_only(tasks: Sequence[Task], families: list[Family], wd: WorkDir | N
     """The no-measurement compile's session (``measure=False``): each family leader's
     top-ranked candidate recorded as its predicted schedule (``predict.py``) and shared with
     its twins, nothing built or timed. The searches replay their pools in the builder's
-    workers too; the pools share ``max_time``, or ``PREDICT_SECS`` per task."""
+    workers too; the pools share ``PREDICT_REPLAYS`` replays per task, and ``max_time``
+    where one is given."""
     if wd is None:
         raise RelaxTuneError("measure=False needs a work_dir: the predicted schedules are "
                              "kept there for ApplyDatabase")
     builder = cfg.builder or LocalBuilder()
     model = make_cost_model(cfg.cost_model, wd)
     leaders = [fam.leader for fam in families]
-    budget = cfg.max_time if cfg.max_time is not None else PREDICT_SECS * len(leaders)
     progress = Progress(0, wd.log_file, enable_bar=False)
     try:
-        states = _states(leaders, db, cfg, model, _pool_of(builder), budget)
+        states = _states(leaders, db, cfg, model, _pool_of(builder), cfg.max_time,
+                         PREDICT_REPLAYS * len(leaders))
         # after the searches are made: workers booting beside them slowed them by half
         # (the shipped library read 0.9 -> 1.9 s); the replays use them once they are up
         builder.start()
@@ -197,19 +199,22 @@ def _predict_only(tasks: Sequence[Task], families: list[Family], wd: WorkDir | N
 
 
 def _states(tasks: Sequence[Task], db: Database, cfg: TuneConfig, model, replay_pool,
-            secs: float | None) -> list:
-    """Each task's state, its search given its share of ``secs`` per pool (``pool_time``)
-    and, with ``cfg.transfer``, the schedules of alike workloads in ``db`` and the shipped
-    library (``relax_tune.transfer``)."""
+            secs: float | None, replays: int | None = None) -> list:
+    """Each task's state, its search given its share of ``secs`` and of ``replays`` per
+    pool (``pool_time``, ``pool_replays``) and, with ``cfg.transfer``, the schedules of
+    alike workloads in ``db`` and the shipped library (``relax_tune.transfer``)."""
     transfer = TransferSource([db, library_database()], own=db) if cfg.transfer else None
     return [init_state(i, task, db, cfg.strategy, cfg.seed, model, replay_pool, share,
-                       transfer)
-            for i, (task, share) in enumerate(zip(tasks, pool_time(tasks, secs)))]
+                       transfer, count)
+            for i, (task, share, count) in enumerate(zip(
+                tasks, pool_time(tasks, secs), pool_replays(tasks, replays)))]
 
 
-PREDICT_SECS = 1.5
-"""Seconds per task a no-measurement session without ``max_time`` spends, of which
-``POOL_SHARE`` grows the task's pool (the rest is the model's and the session's own work)."""
+PREDICT_REPLAYS = 24
+"""Candidates per task a no-measurement session replays into its pools (shared as
+``pool_shares``): a number, not seconds, so that the same model compiles to the same
+schedules in every run. In seconds (1.5 per task), ShuffleNetV2's convolutions picked
+schedules up to 5 ms apart in two compiles of one process (docs/design/time-budget.md)."""
 
 def build_timeout(max_time: float | None) -> float:
     """Seconds one candidate's build may take in a session of our own builder: 60, and a
@@ -229,11 +234,25 @@ def pool_time(tasks: Sequence[Task], max_time: float | None) -> list[float | Non
     under a time limit (None each without one). Unbounded, a ResNet-18's 37 first pools
     ranked by the pre-trained model (about 600 replays each) took 260 s on 2 cores, and a
     60 s limit ended before any candidate was built (docs/results/one-minute-tuning.md)."""
-    if max_time is None or not tasks:
+    if max_time is None:
         return [None] * len(tasks)
+    return [POOL_SHARE * max_time * share for share in pool_shares(tasks)]
+
+
+def pool_replays(tasks: Sequence[Task], total: int | None) -> list[int | None]:
+    """Replays each task's search may spend growing one pool, of ``total`` for all of them
+    (None each: no limit), at least ``MIN_TIMED_POOL``."""
+    if total is None:
+        return [None] * len(tasks)
+    return [max(MIN_TIMED_POOL, round(total * share)) for share in pool_shares(tasks)]
+
+
+def pool_shares(tasks: Sequence[Task]) -> list[float]:
+    """Each task's share of the pools' budget: half split evenly, half by its share of the
+    model's FLOPs (weighted by calls)."""
     costs = [t.weight * max(t.flops, 1.0) for t in tasks]
     total = sum(costs)
-    return [POOL_SHARE * max_time * (0.5 / len(tasks) + 0.5 * c / total) for c in costs]
+    return [0.5 / len(tasks) + 0.5 * c / total for c in costs]
 
 
 def _pool_of(builder: object) -> object:

@@ -1,0 +1,65 @@
+"""What a search's pool may spend growing: seconds (``SearchContext.pool_secs``), replays
+(``SearchContext.pool_replays``) or both, and how many replays fit in what is left."""
+
+from __future__ import annotations
+
+import math
+import time
+
+MIN_TIMED_POOL = 8
+"""Fresh samples a pool gets even when its budget is spent (16 made MobileNetV2's 34 first
+pools take a whole 30 s session on 2 cores)."""
+
+FIRST_REPLAY_SECS = 0.04
+"""A replay's seconds before a search has timed its own (one sample of a convolution's
+space on this 2-core machine: 37-52 ms)."""
+
+MAX_CHUNK = 32
+"""Jobs replayed together (shared with the builder's workers; those past a stop are wasted)."""
+
+
+class PoolBudget:
+    """The budget of the pool being grown: a deadline, a number of replays, both or none.
+
+    A budget in replays makes the pool, and so the model's choice from it, the same in every
+    run with the same seed (the no-measurement compile); one in seconds holds a time limit
+    whatever the machine's speed, and the pool then depends on it."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None  # time.monotonic()
+        self.replays_left: int | None = None
+
+    def start(self, secs: float | None, replays: int | None = None) -> None:
+        """A pool starts growing, with ``secs`` and ``replays`` to do it in (None: no limit)."""
+        self.deadline = None if secs is None else time.monotonic() + secs
+        self.replays_left = replays
+
+    def stop(self) -> None:
+        """The pool is grown."""
+        self.deadline = None
+        self.replays_left = None
+
+    def spend(self, replays: int) -> None:
+        """``replays`` jobs were replayed for the pool."""
+        if self.replays_left is not None:
+            self.replays_left = max(0, self.replays_left - replays)
+
+    def spent(self) -> bool:
+        """Whether the pool being grown has used its time or its replays."""
+        return (self.replays_left is not None and self.replays_left <= 0) or \
+            (self.deadline is not None and time.monotonic() >= self.deadline)
+
+    def chunk(self, wanted: int, floor: int, replays: int, replay_secs: float) -> int:
+        """Jobs to replay together: ``wanted``, at most ``MAX_CHUNK``; under a budget no more
+        than fit in what is left (at least ``floor``): the replays left, and before a
+        deadline as many as its seconds hold at the search's own seconds per replay so far
+        (``replay_secs`` over ``replays``). A whole chunk started just before the time ran
+        out cost a MobileNetV2 task's timed pool 32 replays (1.3 s) where 8 were due."""
+        size = min(MAX_CHUNK, wanted)
+        if self.replays_left is not None:
+            size = min(size, max(floor, self.replays_left))
+        if self.deadline is None:
+            return max(1, size)
+        per_job = replay_secs / replays if replays else FIRST_REPLAY_SECS
+        left = max(0.0, self.deadline - time.monotonic())
+        return max(1, min(size, max(floor, math.ceil(left / max(per_job, 1e-4)))))
