@@ -82,6 +82,7 @@ import argparse
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,7 @@ from benchmarks.contenders import (Row, import_tensor_intrin, numpy_output, cali
 from benchmarks.int8 import bench_int8_model
 from benchmarks.real_models import (MODEL_NAMES, MORE_MODEL_NAMES, NOTES, cpu_model, make_model,
                                     set_torch_threads)
+from benchmarks.task_sum import time_task_sum
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -371,15 +373,16 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
         info += f"; best alternative: {best.contender}"
 
     if args.per_task and last_wd is not None:
-        info += "\n\n" + per_task_table(name, last_wd, tasks, last_row, inputs_np)
+        info += "\n\n" + per_task_table(name, last_wd, tasks, last_row, inputs_np, target)
     return rows, info
 
 
-def per_task_table(name: str, work_dir: str, tasks, row: Row | None, inputs_np) -> str:
+def per_task_table(name: str, work_dir: str, tasks, row: Row | None, inputs_np,
+                   target) -> str:
     """Per task of the last relax_tune row (``row``, compiled from ``work_dir``): weight x
     applied latency from the database (measured alone), beside the task's kernels timed in
     place in the whole model (``relax_tune.profile``); the whole model against the sum of
-    its tasks."""
+    its tasks, from the database and timed again in the same rounds (``task_sum``)."""
     from relax_tune.profile import base_name, profile_model
 
     try:
@@ -430,6 +433,16 @@ def per_task_table(name: str, work_dir: str, tasks, row: Row | None, inputs_np) 
                     " ms of it the VM's builtins" if in_model else "")
                  + (f"; whole model: {whole * 1e3:.3f} ms = {whole / total:.2f}x the sum of "
                     "its tasks" if whole and total else ""))
+    if row is not None and row.call is not None:
+        try:
+            same = time_task_sum(row, work_dir, tasks, target)
+            lines.append(f"the same, timed in the same rounds ({len(same.sums)} rounds, "
+                         f"the whole model, then its {same.tasks} tasks alone): whole "
+                         f"{statistics.median(same.whole) * 1e3:.3f} ms, sum of tasks "
+                         f"{statistics.median(same.sums) * 1e3:.3f} ms: whole / sum "
+                         f"{same.ratio:.2f}x (median of the rounds' quotients)")
+        except Exception as err:  # report only
+            log(f"!!! {name}: tasks timed again failed: {err}")
     return "\n".join(lines)
 
 
