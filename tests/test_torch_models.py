@@ -213,6 +213,34 @@ def test_patch_convolution_becomes_a_matmul(target, tmp_path):
         np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-4, atol=1e-5)
 
 
+def pointwise_convs():
+    """1x1 convolutions to 12 channels (no whole number of SIMD registers on any CPU this
+    runs on) and to 16 (a whole number on all), after a 3x3 stem."""
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 12, 1), torch.nn.ReLU(), torch.nn.Conv2d(12, 16, 1))
+    return block.eval(), (torch.randn(1, 3, 14, 14),)
+
+
+def test_pointwise_convolution_of_odd_channels_becomes_a_matmul(target, tmp_path):
+    """The 1x1 convolution to 12 channels becomes a matmul (graph.PointwiseConvToMatmul),
+    whose design space pads its vector axis to whole registers; the one to 16 stays a
+    convolution; the pipeline's output matches PyTorch."""
+    model = load_model(f"{__file__}:pointwise_convs")
+    names = [t.task_name for t in rt.extract_tasks(model.lowered(target), target)]
+    assert sum("conv2d" in n for n in names) == 2, names
+    assert sum("matmul" in n for n in names) == 1, names
+    ex = tvm.compile(model.mod, target, relax_pipeline=relax.get_pipeline(
+        "relax_tune", target=target, work_dir=str(tmp_path), max_trials_global=0,
+        params=model.params))
+    module, (x,) = pointwise_convs()
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    with torch.no_grad():
+        expected = module(x).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
 def encoder_layer():
     """A tiny post-norm ``nn.TransformerEncoderLayer`` (d 32, 2 heads) on 16 tokens: its
     attention comes out of ``torch.export`` decomposed (3-d matmuls, a guarded softmax)."""

@@ -124,6 +124,43 @@ class PatchConvToMatmul:
         return rewrite_functions(mod, pattern, lambda e, m: _patch_conv(e, m, x, w))
 
 
+def _pointwise_conv(matched: relax.Expr, matches: dict, x_pat, w_pat, lanes: int) -> relax.Expr:
+    x, w = matches[x_pat], constant(matches[w_pat])
+    attrs = matched.attrs
+    if w is None or w.ndim != 4 or str(w.dtype) != "float32":
+        return matched
+    o, kh, kw, c = w.shape
+    if (str(attrs.data_layout) != "NHWC" or str(attrs.kernel_layout) != "OHWI"
+            or str(attrs.out_layout) != "NHWC" or int(attrs.groups) != 1 or (kh, kw) != (1, 1)
+            or [int(v) for v in attrs.strides] != [1, 1]
+            or [int(v) for v in attrs.padding] != [0, 0, 0, 0]
+            or [int(v) for v in attrs.dilation] != [1, 1] or o % lanes == 0):
+        return matched
+    out_dtype = None if str(attrs.out_dtype) in ("", "None", "void") else str(attrs.out_dtype)
+    return relax.op.matmul(x, relax.const(np.ascontiguousarray(w.reshape(o, c).T)),
+                           out_dtype=out_dtype)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_tune.PointwiseConvToMatmul")
+class PointwiseConvToMatmul:
+    """A channels-last 1x1 stride-1 convolution whose output channels are no whole number of
+    SIMD registers (``lanes`` floats: ShuffleNetV2's 58, 116 and 232 on AVX2) becomes the
+    matmul it is, ``x[n, h, w, :] @ W^T``: the matmul's design space pads its vector axis to
+    whole registers (``multi_level_tiling``'s ``pad_einsum``), which the convolution's
+    cannot (its input index is a sum of two loops), so its candidates vectorise 29 or 4
+    floats. Float32 NHWC/OHWI with a bound weight only; anything else is left as it is."""
+
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """``mod`` with those convolutions as matmuls."""
+        x, w = wildcard(), wildcard()
+        pattern = is_op("relax.nn.conv2d")(x, w)
+        return rewrite_functions(mod, pattern,
+                                 lambda e, m: _pointwise_conv(e, m, x, w, self.lanes))
+
+
 CPU_CONV_LAYOUT = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 """Convolution layouts on CPU targets: channels innermost, so the tuned kernels vectorise
 along the output channels (16-512 of them) instead of a feature map's width (7-56).

@@ -23,10 +23,12 @@ from .fast_math import FastMath
 from .im2col import ColumnsForFewChannels, column_group_bytes
 from .int8 import IntegerQDQ
 from .int8_pairs import MarkNarrowWeightPairs
-from .graph import ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul
+from .graph import (ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul,
+                    PointwiseConvToMatmul)
 from .raise_elementwise import RaiseElementwiseCalls
 from .shape_bounds import SimplifyBoundedShapes
 from .winograd import WinogradConvolutions
+from ..space.params import target_params
 from ..utils import RelaxTuneError, parse_target
 
 
@@ -89,7 +91,9 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
     constants, folded at compile time), the remaining batch norms and layer norms are
     decomposed into arithmetic that fuses into neighbouring kernels, patch convolutions
     (stride = kernel, a ViT's patch embedding) become matmuls, convolutions take the
-    channels-last layout on CPU targets (``graph.ChannelsLastConvolutions``), integer
+    channels-last layout on CPU targets (``graph.ChannelsLastConvolutions``), and there 1x1
+    ones of output channels that fill no whole SIMD registers become matmuls
+    (``graph.PointwiseConvToMatmul``), integer
     convolutions of an image's few channels run on its im2col columns
     (``im2col.ColumnsForFewChannels``, CPU targets), large 3x3
     stride-1 convolutions are computed by Winograd's algorithm on CPU targets unless
@@ -106,6 +110,7 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
         PatchConvToMatmul(),
         *([ChannelsLastConvolutions()] if cpu else []),
         relax.transform.FoldConstant(),
+        *([PointwiseConvToMatmul(target_params(target).lanes("float32"))] if cpu else []),
         *([ColumnsForFewChannels(column_group_bytes(target))] if cpu and int8 else []),
         *([WinogradConvolutions(), relax.transform.FoldConstant()] if cpu and winograd else []),
     ]
