@@ -181,19 +181,20 @@ def test_no_measurement_compile_dispatches_dynamic_functions_on_predicted_schedu
 
 
 def _odd_channel_conv():
-    """A 1x1 convolution with bias and ReLU on 116 channels (ShuffleNetV2's): 116 is no
-    whole number of vectors on any CPU this runs on."""
+    """A 3x3 convolution with bias and ReLU on 116 channels (ShuffleNetV2's): 116 is no
+    whole number of vectors on any CPU this runs on. (A 1x1 one becomes a matmul,
+    graph.PointwiseConvToMatmul; on 14x14 and more, Winograd.)"""
     from tvm.relax.frontend import nn
     from tvm.relax.frontend.nn import op
 
     class Conv(nn.Module):
         def __init__(self):
-            self.conv = nn.Conv2D(116, 116, 1)
+            self.conv = nn.Conv2D(116, 116, 3, padding=1)
 
         def forward(self, x):
             return op.relu(self.conv(x))
 
-    return Conv().export_tvm({"forward": {"x": nn.spec.Tensor((1, 116, 14, 14), "float32")}})
+    return Conv().export_tvm({"forward": {"x": nn.spec.Tensor((1, 116, 12, 12), "float32")}})
 
 
 def test_whole_vectors_tells_odd_vector_widths(target):
@@ -212,10 +213,11 @@ def test_whole_vectors_tells_odd_vector_widths(target):
 def test_an_odd_channel_convolution_is_predicted_on_whole_vectors(target, tmp_path,
                                                                    shared_builder,
                                                                    shared_runner):
-    """The pre-trained model ranks candidates on 29-float vectors first here; on the AMD
-    EPYC its ten best ran 1.5x-4x slower than the untuned function (docs/results/zen3-epyc.md,
-    session 20), and with seed 0 here. The predicted schedule vectorises whole registers
-    instead, and computes correctly."""
+    """The pre-trained model ranks a candidate on odd vector widths first here (seed 0: the
+    test fails without ``whole_vectors``); on ShuffleNetV2's 116-channel 1x1 convolution its
+    ten best such ran 1.5x-4x slower than the untuned function on the AMD EPYC
+    (docs/results/zen3-epyc.md, session 20). The predicted schedule vectorises whole
+    registers instead, and computes correctly."""
     mod, _ = _odd_channel_conv()
     _, weights = split_inputs(mod, model_inputs(mod))
     lowered = rt.transform.lower_for_tuning(mod, target, weights, cpu_weight_prepack=True)
