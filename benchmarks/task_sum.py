@@ -34,17 +34,15 @@ class TaskSum:
         return statistics.median(w / s for w, s in zip(self.whole, self.sums))
 
 
-def applied_trace(work_dir: str, task, target) -> list | None:
-    """The plain-JSON trace of the schedule the pipeline applies to ``task`` from
-    ``work_dir`` (measured, else predicted); None: the untuned function."""
+def applied_trace(db, predicted, task, target) -> list | None:
+    """The plain-JSON trace of the schedule the pipeline applies to ``task`` from a
+    work_dir's database ``db`` (measured), else from its ``predicted`` schedules (None when
+    it has none); None: the untuned function."""
     from relax_tune.utils import trace_to_json
-    from relax_tune.work_dir import WorkDir
 
-    wd = WorkDir.of(work_dir)
-    sch = wd.open_for_apply().query_schedule(task.mod, target, "main")
-    if sch is None:
-        predicted = wd.open_predicted()
-        sch = None if predicted is None else predicted.query_schedule(task.mod, target)
+    sch = db.query_schedule(task.mod, target, "main")
+    if sch is None and predicted is not None:
+        sch = predicted.query_schedule(task.mod, target)
     return None if sch is None else trace_to_json(sch.trace)
 
 
@@ -52,12 +50,16 @@ def time_task_sum(row: Row, work_dir: str, tasks, target, rounds: int = 3) -> Ta
     """``rounds`` rounds of: the whole model (``row``, one ``time_once``), then every task's
     applied schedule alone (built once; timed by a ``LocalRunner`` as in tuning)."""
     from relax_tune.measure import LocalBuilder, LocalRunner
+    from relax_tune.work_dir import WorkDir
 
+    wd = WorkDir.of(work_dir)
+    db, predicted = wd.open_for_apply(), wd.open_predicted()  # read once, not per task
     builder, runner = LocalBuilder(), LocalRunner()
     try:
         built = []
         for task in tasks:
-            (result,) = builder.build(task.mod, target, [applied_trace(work_dir, task, target)])
+            trace = applied_trace(db, predicted, task, target)
+            (result,) = builder.build(task.mod, target, [trace])
             if result.ok:
                 built.append((task, result.artifact_path))
         out = TaskSum([], [], len(built), {t.task_name: [] for t, _ in built})

@@ -216,6 +216,7 @@ PREDICT_REPLAYS = 24
 schedules in every run. In seconds (1.5 per task), ShuffleNetV2's convolutions picked
 schedules up to 5 ms apart in two compiles of one process (docs/design/time-budget.md)."""
 
+
 def build_timeout(max_time: float | None) -> float:
     """Seconds one candidate's build may take in a session of our own builder: 60, and a
     tenth of a time limit (never under 10). An unscheduled-looking candidate can keep LLVM
