@@ -25,6 +25,8 @@ HELDOUT = os.path.join(ROOT, "tests", "data", "prior_heldout.npz")
 HELDOUT_TABLES = {  # make_corpus.py's held-out matmul 256^3 and conv2d 96ch 20x20 on:
     "amd-zen4": HELDOUT,  # AMD EPYC Zen 4 (the CPU of the first training corpora)
     "intel-xeon": os.path.join(ROOT, "tests", "data", "prior_heldout_intel.npz"),  # AVX-512
+    # AMD EPYC Zen 3 and Zen 4 with AVX-512 hidden (AVX2): ranked by the 32-byte variant
+    "amd-avx2": os.path.join(ROOT, "tests", "data", "prior_heldout_avx2.npz"),  # both CPUs
 }
 
 
@@ -393,6 +395,7 @@ def test_shipped_model_loads_in_a_fresh_install(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for f in (PRIOR_MODEL_FILE, PRIOR_META_FILE):
         assert f"relax_tune/cost_model/pretrained/{f}" in names
+        assert f"relax_tune/cost_model/pretrained/vector-32-bytes/{f}" in names
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                     str(site), str(wheel)], check=True, cwd=str(tmp_path))
     code = ("import relax_tune, numpy as np\n"
@@ -431,7 +434,7 @@ def test_a_gpu_task_is_ranked_by_the_session_model_alone():
 
 
 def test_simulated_tuning_replays_sessions_on_measured_candidates():
-    """``simulate_tuning.py`` on the fixed held-out data of both CPUs: the prior's first
+    """``simulate_tuning.py`` on the fixed held-out data of every CPU: the prior's first
     batch is its top 8 (the figure after 8 trials is theirs, computed here directly), every
     figure is at least 1 and never worse after more trials, and a session is reproducible
     from its seed."""
@@ -439,7 +442,7 @@ def test_simulated_tuning_replays_sessions_on_measured_candidates():
     from tools.prior.simulate_tuning import Strategy, simulate, simulated_tasks
 
     tasks = simulated_tasks(list(HELDOUT_TABLES.values()), min_candidates=50)
-    assert len(tasks) == 4
+    assert len(tasks) == sum(len(_heldout(p)) for p in HELDOUT_TABLES.values()) == 8
     prior, adapted = Strategy.parse("prior"), Strategy.parse("blend:batch=4:eps=0.25")
     for task in tasks:
         found = simulate(task, prior, seed=1, budgets=(8, 16, 32))
@@ -503,3 +506,80 @@ def test_evaluate_prior_runs_the_issue_s_three_parts_in_one_invocation():
     for row in ("| mobilenet_v2 | onnxruntime |", "| mobilenet_v2 | relax_tune |",
                 "| mobilenet_v2 | relax_tune(prior) |"):
         assert row in out.stdout, out.stdout[-3000:]
+
+
+def test_a_target_of_32_byte_vectors_is_ranked_by_its_own_variant():
+    """The shipped model holds a variant for 32-byte vectors (AVX2): a task of such a target
+    is scored by it, a task of another width by the general model, whatever the order."""
+    import xgboost as xgb
+
+    from relax_tune.cost_model.prior import load_prior, prior_variants
+
+    variants = prior_variants(os.path.dirname(prior_files()[0]))
+    assert 32 in variants
+    variant, meta = load_prior(*variants[32])
+    assert meta["vector_bytes"] == 32
+    task = _heldout()[0]
+    model = PriorXGBModel(adapt="none")
+    for name, width in (("wide", 64), ("avx2", 32), ("wide again", 64)):
+        model.set_facts(name, {**task["facts"], "vector_bytes": width})
+    x = task["x"][:40]
+    scores = {name: model.predict_features(name, x) for name in ("wide", "avx2", "wide again")}
+    np.testing.assert_allclose(scores["avx2"],
+                               variant.predict(xgb.DMatrix(model.transfer("avx2", x))))
+    np.testing.assert_allclose(scores["wide"],
+                               model.prior.predict(xgb.DMatrix(model.transfer("wide", x))))
+    np.testing.assert_allclose(scores["wide again"], scores["wide"])
+    assert not np.allclose(scores["avx2"], scores["wide"])
+
+
+def test_a_damaged_variant_leaves_the_general_model_ranking(tmp_path, caplog):
+    """A variant that cannot be read is a warning, not a failure: its targets get the
+    general model."""
+    import shutil
+
+    from relax_tune.cost_model.prior import VARIANT_DIR
+
+    shipped = os.path.dirname(prior_files()[0])
+    for f in (PRIOR_MODEL_FILE, PRIOR_META_FILE):
+        shutil.copy(os.path.join(shipped, f), tmp_path / f)
+    broken = tmp_path / VARIANT_DIR.format(32)
+    broken.mkdir()
+    (broken / PRIOR_MODEL_FILE).write_bytes(b"not a model")
+    shutil.copy(os.path.join(shipped, PRIOR_META_FILE), broken / PRIOR_META_FILE)
+    task = _heldout()[0]
+    model = PriorXGBModel(adapt="none", model_path=str(tmp_path / PRIOR_MODEL_FILE),
+                          meta_path=str(tmp_path / PRIOR_META_FILE))
+    model.set_facts("avx2", {**task["facts"], "vector_bytes": 32})
+    with caplog.at_level("WARNING", logger="relax_tune.cost_model"):
+        scores = model.predict_features("avx2", task["x"][:20])
+    assert "32-byte vectors not loaded" in caplog.text
+    np.testing.assert_allclose(scores, model._prior_scores("avx2", task["x"][:20]))
+    assert model.base("avx2") is model.prior
+
+
+def test_train_prior_writes_a_vector_width_variant_of_its_own_width_only(tmp_path, monkeypatch,
+                                                                         capsys):
+    """``--vector-bytes N`` writes the model into ``VARIANT_DIR`` of ``--out`` and refuses a
+    corpus measured on a target of another vector width."""
+    import json
+
+    from relax_tune.cost_model.prior import VARIANT_DIR, prior_variants
+    from tools.prior.corpus import write_table
+
+    tasks = _as_training_tasks("llvm -mcpu=test")
+    width = int(tasks[0].facts["vector_bytes"])
+    table, out = str(tmp_path / "t.npz"), tmp_path / "model"
+    write_table(tasks, table, feature_version=1)
+    code, text = _run_main(monkeypatch, capsys, "tools.prior.train_prior", "--corpus", table,
+                           "--out", str(out), "--rounds", "2", "--vector-bytes", str(width))
+    assert code == 0, text[-2000:]
+    assert list(prior_variants(str(out))) == [width]
+    assert not (out / PRIOR_MODEL_FILE).exists()
+    meta = json.loads((out / VARIANT_DIR.format(width) / PRIOR_META_FILE).read_text())
+    assert meta["vector_bytes"] == width
+    code, text = _run_main(monkeypatch, capsys, "tools.prior.train_prior", "--corpus", table,
+                           "--out", str(tmp_path / "other"), "--rounds", "2",
+                           "--vector-bytes", str(2 * width))
+    assert code != 0 and f"of {width}-byte vectors" in text
+    assert not (tmp_path / "other").exists()

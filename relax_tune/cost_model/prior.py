@@ -4,7 +4,11 @@
 trained on a corpus of measured candidates of many workloads (``tools/prior/make_corpus.py``,
 ``tools/prior/train_prior.py``) and shipped in the package (``pretrained/``). It scores
 candidates on ``transfer.transfer_features``: the raw program features, the same centred on
-the task, and what the target says about the machine.
+the task, and what the target says about the machine. A target whose vector width has a
+variant of its own (``pretrained/vector-32-bytes/``: AVX2 CPUs) is ranked by that one: the
+shipped trees continued on the measurements of such CPUs, which on them rank better than the
+general model and than a model trained on their measurements alone, while the general model
+stays as it was for the others (docs/design/pretrained-prior.md).
 
 During tuning it adapts to the session's measurements (``adapt``):
 
@@ -29,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 from importlib import resources
 from typing import Sequence
 
@@ -45,6 +50,9 @@ logger = logging.getLogger("relax_tune.cost_model")
 
 PRIOR_MODEL_FILE = "xgb_prior.ubj"
 PRIOR_META_FILE = "xgb_prior_meta.json"
+VARIANT_DIR = "vector-{}-bytes"
+"""Sub-folder of a pre-trained model's directory with the booster for targets whose vectors
+are that many bytes (``train_prior.py --vector-bytes``); other targets get the directory's own."""
 ADAPT_MODES = ("blend", "finetune", "none")
 _MIN_REFERENCE_ROWS = 8
 
@@ -57,6 +65,22 @@ def prior_files(directory: str | None = None) -> tuple[str, str]:
         return os.path.join(directory, PRIOR_MODEL_FILE), os.path.join(directory, PRIOR_META_FILE)
     base = resources.files("relax_tune.cost_model") / "pretrained"
     return str(base / PRIOR_MODEL_FILE), str(base / PRIOR_META_FILE)
+
+
+def prior_variants(directory: str) -> dict[int, tuple[str, str]]:
+    """``{vector bytes: (model path, meta path)}`` of the variants in a pre-trained model's
+    ``directory`` (``VARIANT_DIR`` sub-folders holding both files)."""
+    out = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return out
+    for name in names:
+        match = re.fullmatch(VARIANT_DIR.format(r"(\d+)"), name)
+        files = prior_files(os.path.join(directory, name))
+        if match and all(os.path.isfile(f) for f in files):
+            out[int(match.group(1))] = files
+    return out
 
 
 def load_prior(model_path: str | None = None, meta_path: str | None = None):
@@ -132,6 +156,9 @@ class PriorXGBModel(CostModel):
         except (OSError, ValueError) as err:
             logger.warning("pre-trained cost model not loaded (%s); learning from scratch", err)
             self.prior, self.meta = None, {}
+        directory = os.path.dirname(model_path or prior_files()[0])
+        self._variant_files = prior_variants(directory) if self.prior is not None else {}
+        self._bases: dict[int, tuple] = {}  # vector bytes -> (booster, meta), read when asked
         self.tuned = None  # the fine-tuned booster
         self._facts: dict[str, dict] = {}
         self._other_kind: set[str] = set()  # tasks for targets the prior was not trained on
@@ -176,6 +203,22 @@ class PriorXGBModel(CostModel):
             self._host_facts = target_facts(host_target())
         return self._host_facts
 
+    def base(self, task: str):
+        """The pre-trained booster that ranks ``task``: the variant for its target's vector
+        width (``VARIANT_DIR``) where the model has one, else the model's own."""
+        width = int(self.facts(task).get("vector_bytes", 0) or 0)
+        if width not in self._bases:
+            base = (self.prior, self.meta)
+            files = self._variant_files.get(width)
+            if files is not None:
+                try:
+                    base = load_prior(*files)
+                except (OSError, ValueError) as err:
+                    logger.warning("pre-trained model for %d-byte vectors not loaded (%s); the "
+                                   "general one ranks", width, err)
+            self._bases[width] = base
+        return self._bases[width][0]
+
     def _reference(self, task: str, raw: np.ndarray) -> np.ndarray:
         ref = self._refs.get(task)
         if ref is not None:
@@ -210,7 +253,7 @@ class PriorXGBModel(CostModel):
     def _prior_scores(self, task: str, raw: np.ndarray) -> np.ndarray:
         import xgboost as xgb
 
-        booster = self.tuned if self.tuned is not None else self.prior
+        booster = self.tuned if self.tuned is not None else self.base(task)
         return np.asarray(booster.predict(xgb.DMatrix(self.transfer(task, raw))), np.float64)
 
     def blend_weight(self) -> float:
@@ -263,12 +306,14 @@ class PriorXGBModel(CostModel):
     def _finetune(self) -> None:
         import xgboost as xgb
 
-        xs, ys, groups = [], [], []
+        xs, ys, groups, base = [], [], [], None
         for task in sorted(self.fresh._x):
             rows = self.fresh._x[task]
             if len(rows) < 2 or not self.uses_prior(task):
                 continue
             raw = np.stack(rows)
+            if base is None:  # a session's tasks share one target
+                base = self.base(task)
             xs.append(self.transfer(task, raw))
             ys.append(self.fresh._labels(self.fresh._secs[task]))
             groups.append(len(rows))
@@ -282,7 +327,7 @@ class PriorXGBModel(CostModel):
         params = dict(self.meta.get("params", {}))
         params.update({"nthread": self.nthread, "seed": self.seed, "verbosity": 0})
         self.tuned = xgb.train(params, dtrain, num_boost_round=self.finetune_rounds,
-                               xgb_model=self.prior.copy())
+                               xgb_model=base.copy())
 
     # -- persistence: the session's data, in XGBModel's format ------------------------------
 

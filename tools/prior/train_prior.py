@@ -11,6 +11,9 @@ r"""Train the pre-trained cost model from a corpus (``make_corpus.py``) and ship
     python -m tools.prior.train_prior --corpus tools/prior/corpus_tables/intel-*.npz --out /tmp/p \
         --init-model relax_tune/cost_model/pretrained --rounds 50 \
         --keep-base-on tests/data/prior_heldout.npz    # ... keeping its ranking on its Zen 4
+    python -m tools.prior.train_prior --corpus tools/prior/corpus_tables/amd-epyc_znver*.npz \
+        --init-model relax_tune/cost_model/pretrained --rounds 100 --vector-bytes 32 \
+        --test-data tests/data/prior_heldout_zen3.npz   # the shipped variant for 32-byte vectors
 
 An XGBoost ``rank:pairwise`` model, one group per (workload, target), labels the normalised
 throughput within the group, on ``transfer_features``; each round grows 4 trees on
@@ -20,7 +23,10 @@ Kendall tau between 0.20 and 0.30 from one seed to the next (AMD EPYC Zen 4 corp
 Continuing a model (``--init-model``) on another CPU's corpus moves its ranking on every
 CPU; ``--keep-base-on`` adds the base's own ranking of the new candidates under its machine's
 facts to the training data (``base_rankings``), so the added trees keep the base's ranking
-there and change it only where they split on the machine facts.
+there and change it only where they split on the machine facts. ``--vector-bytes N`` writes
+the model as the variant for targets of N-byte vectors (``prior.VARIANT_DIR`` in ``--out``):
+such a target is ranked by it alone, so it may trade other CPUs' ranking for its own, and it
+is trained only on corpora measured on such CPUs.
 
 Workloads marked held-out in the corpus are never trained on; the script prints their
 ranking (Kendall tau, whether the true best is in the predicted top 10) and stores it in
@@ -39,7 +45,7 @@ from typing import Sequence
 import numpy as np
 
 from relax_tune.cost_model.features import FEATURE_VERSION
-from relax_tune.cost_model.prior import PRIOR_MODEL_FILE, load_prior, prior_files
+from relax_tune.cost_model.prior import PRIOR_MODEL_FILE, VARIANT_DIR, load_prior, prior_files
 from relax_tune.cost_model.transfer import (N_TRANSFER, TRANSFER_VERSION, task_reference,
                                             transfer_features)
 
@@ -196,6 +202,10 @@ def main() -> None:
                              "candidates there, are trained on alongside the measurements "
                              "(e.g. tests/data/prior_heldout.npz for the shipped model's AMD "
                              "Zen 4)")
+    parser.add_argument("--vector-bytes", type=int, default=None, metavar="N",
+                        help=f"write the model as the variant for targets of N-byte vectors "
+                             f"(--out/{VARIANT_DIR.format('N')}/; e.g. 32: AVX2), trained on "
+                             "corpora of such targets only")
     parser.add_argument("--cross-validate", action="store_true",
                         help="also rank every other training task (of 64 candidates or more) "
                              "with a model trained without its workload; print the mean")
@@ -213,6 +223,12 @@ def main() -> None:
         print(f"--exclude {args.exclude.pattern}: {left} training tasks left out")
     heldout = [t for t in tasks if t.split == "heldout"]
     trained_on = _distinct_facts(train_tasks)
+    other_width = [t for t in tasks if args.vector_bytes is not None
+                   and t.facts.get("vector_bytes") != args.vector_bytes]
+    if other_width:
+        parser.error(f"--vector-bytes {args.vector_bytes}: {other_width[0].name} was measured "
+                     f"on a target of {int(other_width[0].facts.get('vector_bytes', 0))}-byte vectors; "
+                     "train the variant on corpora of its own vector width")
     same = [f for f in keep_facts if f in trained_on]
     if same:
         parser.error(f"--keep-base-on: {same[0]} are also the facts of the corpus trained on; "
@@ -232,8 +248,10 @@ def main() -> None:
         print(f"  left out one at a time: {len(cv)} tasks, mean tau "
               f"{np.mean([m['tau'] for m in cv.values()]):+.3f}, true best in top-10 "
               f"{np.mean([m['best_in_top'] for m in cv.values()]):.2f}")
-    os.makedirs(args.out, exist_ok=True)
-    model_out, meta_out = prior_files(args.out)
+    out = args.out if args.vector_bytes is None else \
+        os.path.join(args.out, VARIANT_DIR.format(args.vector_bytes))
+    os.makedirs(out, exist_ok=True)
+    model_out, meta_out = prior_files(out)
     booster.save_model(model_out)
     base = base_meta or {}
     meta = {"feature_version": FEATURE_VERSION, "transfer_version": TRANSFER_VERSION,
@@ -249,6 +267,7 @@ def main() -> None:
                                     + (base.get("train_candidates") or 0)),
             "corpus": [os.path.basename(c.rstrip("/")) for c in args.corpus],
             "continued_from": base_meta,
+            "vector_bytes": args.vector_bytes,
             "kept_base_on": keep_facts,
             "heldout_metrics": {k.split("@")[0]: v for k, v in results.items()}}
     with open(meta_out, "w", encoding="utf-8") as f:
