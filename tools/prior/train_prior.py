@@ -13,7 +13,7 @@ r"""Train the pre-trained cost model from a corpus (``make_corpus.py``) and ship
         --keep-base-on tests/data/prior_heldout.npz    # ... keeping its ranking on its Zen 4
     python -m tools.prior.train_prior --corpus tools/prior/corpus_tables/amd-epyc_znver*.npz \
         --init-model relax_tune/cost_model/pretrained --rounds 100 --vector-bytes 32 \
-        --test-data tests/data/prior_heldout_zen3.npz   # the shipped variant for 32-byte vectors
+        --test-data tests/data/prior_heldout_avx2.npz   # the shipped variant for 32-byte vectors
 
 An XGBoost ``rank:pairwise`` model, one group per (workload, target), labels the normalised
 throughput within the group, on ``transfer_features``; each round grows 4 trees on
@@ -226,9 +226,10 @@ def main() -> None:
     other_width = [t for t in tasks if args.vector_bytes is not None
                    and t.facts.get("vector_bytes") != args.vector_bytes]
     if other_width:
+        width = int(other_width[0].facts.get("vector_bytes", 0))
         parser.error(f"--vector-bytes {args.vector_bytes}: {other_width[0].name} was measured "
-                     f"on a target of {int(other_width[0].facts.get('vector_bytes', 0))}-byte vectors; "
-                     "train the variant on corpora of its own vector width")
+                     f"on a target of {width}-byte vectors; train the variant on corpora of "
+                     "its own vector width")
     same = [f for f in keep_facts if f in trained_on]
     if same:
         parser.error(f"--keep-base-on: {same[0]} are also the facts of the corpus trained on; "
