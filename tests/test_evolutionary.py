@@ -151,10 +151,12 @@ def test_the_predicted_schedule_leads_the_first_batch_after_the_scores_changed(t
     first batch must measure it, even when the scores changed since it was chosen (the
     model learns other tasks' batches in between; ONNX MobileNetV2 ran slower after 60 s
     of tuning than predicted before this). Here the search loses its model after the
-    choice: its pool is then scored at random."""
+    choice: its pool is then scored at random. Without the lead, the random batch leaves the
+    choice out for at least one of three seeds (which seed depends on the pre-trained model
+    that ranks this CPU kind)."""
 
-    def first_batch(lead: bool):
-        search = EvolutionarySearch(matmul(64), target, seed=3, ranked_pool=48,
+    def first_batch(lead: bool, seed: int):
+        search = EvolutionarySearch(matmul(64), target, seed=seed, ranked_pool=48,
                                     ranked_generations=1, ranked_mutants=8,
                                     context=SearchContext(cost_model=PriorXGBModel()))
         chosen = search.best_predicted()
@@ -164,11 +166,18 @@ def test_the_predicted_schedule_leads_the_first_batch_after_the_scores_changed(t
             search._predicted_key = None
         return chosen.key, [c.key for c in search.next_candidates(2)], search
 
-    chosen, batch, search = first_batch(lead=True)
+    chosen, batch, search = first_batch(lead=True, seed=3)
     assert batch[0] == chosen and len(batch) == 2
     assert chosen not in [c.key for c in search.next_candidates(2)]  # only the first batch
-    same, unled, _ = first_batch(lead=False)
-    assert same == chosen and chosen not in unled  # the random scores leave it out
+
+    def left_out(seed: int) -> bool:  # the random scores leave the choice out
+        chosen, batch, _ = first_batch(lead=True, seed=seed)
+        assert batch[0] == chosen
+        same, unled, _ = first_batch(lead=False, seed=seed)
+        assert same == chosen
+        return chosen not in unled
+
+    assert any(left_out(seed) for seed in (3, 4, 5))
 
 
 def test_a_pool_whose_time_is_spent_replays_no_whole_chunk_past_it(target):
