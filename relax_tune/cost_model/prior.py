@@ -158,7 +158,7 @@ class PriorXGBModel(CostModel):
             self.prior, self.meta = None, {}
         directory = os.path.dirname(model_path or prior_files()[0])
         self._variant_files = prior_variants(directory) if self.prior is not None else {}
-        self._bases: dict[int, tuple] = {}  # vector bytes -> (booster, meta), read when asked
+        self._bases: dict[int, object] = {}  # vector bytes -> booster, read when first asked
         self.tuned = None  # the fine-tuned booster
         self._facts: dict[str, dict] = {}
         self._other_kind: set[str] = set()  # tasks for targets the prior was not trained on
@@ -208,16 +208,15 @@ class PriorXGBModel(CostModel):
         width (``VARIANT_DIR``) where the model has one, else the model's own."""
         width = int(self.facts(task).get("vector_bytes", 0) or 0)
         if width not in self._bases:
-            base = (self.prior, self.meta)
+            self._bases[width] = self.prior
             files = self._variant_files.get(width)
             if files is not None:
                 try:
-                    base = load_prior(*files)
+                    self._bases[width] = load_prior(*files)[0]
                 except (OSError, ValueError) as err:
                     logger.warning("pre-trained model for %d-byte vectors not loaded (%s); the "
                                    "general one ranks", width, err)
-            self._bases[width] = base
-        return self._bases[width][0]
+        return self._bases[width]
 
     def _reference(self, task: str, raw: np.ndarray) -> np.ndarray:
         ref = self._refs.get(task)
