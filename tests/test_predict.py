@@ -3,19 +3,21 @@
 import logging
 import os
 import time
+import types
 
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+from tvm import relax, te
 
 import relax_tune as rt
 from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.testing.models import conv_net, model_inputs, split_inputs, transformer_block
 from relax_tune.testing.workloads import matmul_mod
 from relax_tune.space.params import target_params
-from relax_tune.tuning.predict import (MIN_TILED_FLOPS, MIN_UNTILED_ELEMENTS, tiles_for_reuse,
-                                       whole_vectors, work_elements)
+from relax_tune.tuning.predict import (MIN_TILED_FLOPS, MIN_UNTILED_ITERATIONS, safe_untiled,
+                                       tiles_for_reuse, unrolls_inner_reduction,
+                                       whole_vectors, work_iterations)
 from relax_tune.utils import trace_to_json
 from relax_tune.work_dir import WorkDir
 
@@ -83,7 +85,7 @@ def test_every_predicted_kernel_is_faster_than_its_untuned_function(name, target
                                                                     shared_builder,
                                                                     shared_runner):
     """Task by task: each predicted schedule (tiled for reuse, or on a tensor of
-    MIN_UNTILED_ELEMENTS or more) against its task's untuned function, both built and
+    MIN_UNTILED_ITERATIONS or more) against its task's untuned function, both built and
     timed by the tuner's own builder and runner; smaller untiled tasks get none, nor do
     tiled ones under MIN_TILED_FLOPS (conv_net's 1x64 by 64x10 classifier)."""
     mod, _ = MODELS[name]()
@@ -96,13 +98,13 @@ def test_every_predicted_kernel_is_faster_than_its_untuned_function(name, target
     for task, report in zip(tasks, reports):
         sch = predicted.query_schedule(task.mod, target)
         assert (sch is not None) == report.predicted
-        if 0 < task.flops < MIN_TILED_FLOPS and work_elements(task) < MIN_UNTILED_ELEMENTS:
+        if 0 < task.flops < MIN_TILED_FLOPS and work_iterations(task) < MIN_UNTILED_ITERATIONS:
             assert sch is None, task.task_name
             tiny += 1
         if sch is None:
             continue
         assert tiles_for_reuse(trace_to_json(sch.trace)) or \
-            work_elements(task) >= MIN_UNTILED_ELEMENTS, task.task_name
+            work_iterations(task) >= MIN_UNTILED_ITERATIONS, task.task_name
         builds = shared_builder.build(task.mod, target, [None, sch.trace])
         assert all(b.ok for b in builds), [b.error for b in builds]
         assert_kernel_faster(shared_runner, builds[0].artifact_path, builds[1].artifact_path,
@@ -249,3 +251,57 @@ def test_the_no_measurement_compile_picks_the_same_schedules_every_time(target, 
                       else str(s.trace) for t in tasks])
     assert len(tasks) == 2 and None not in picks[0]
     assert picks[0] == picks[1]
+
+
+def _te_mod(*tensors) -> tvm.IRModule:
+    return tvm.IRModule({"main": te.create_prim_func(list(tensors))})
+
+
+def test_safe_untiled_refuses_sub_register_vectors_and_unrolled_reductions():
+    """The two shapes of untiled schedule that ran slower than their untuned loops on the
+    AMD EPYC (session 23): a vector narrower than one register, and an innermost reduction
+    long enough to vectorise, unrolled explicitly. The same tasks scheduled otherwise pass."""
+    vector_bytes = 32
+    # an image's NCHW -> NHWC transpose: vectorising the 3 channels is refused
+    x = te.placeholder((1, 3, 16, 16), "float32", name="x")
+    y = te.compute((1, 16, 16, 3), lambda n, h, w, c: x[n, c, h, w], name="y")
+    mod = _te_mod(x, y)
+    for vectorised, safe in (("c", False), ("w", True)):
+        sch = tvm.s_tir.Schedule(mod)
+        n, h, w, c = sch.get_loops(sch.get_sblock("y"))
+        sch.parallel(h)
+        if vectorised == "w":
+            sch.reorder(c, w)
+            sch.vectorize(w)
+        else:
+            sch.vectorize(c)
+        assert safe_untiled(sch.mod["main"], vector_bytes) == safe, vectorised
+    # a row maximum over 197 int8 values: unrolling the 197 whole is refused, 3 taps are not
+    for length, safe in ((197, False), (3, True)):
+        a = te.placeholder((64, length), "int8", name="a")
+        k = te.reduce_axis((0, length), name="k")
+        b = te.compute((64,), lambda i: te.max(a[i, k], axis=k), name="b")
+        sch = tvm.s_tir.Schedule(_te_mod(a, b))
+        i, _ = sch.get_loops(sch.get_sblock("b"))
+        sch.parallel(i)
+        sch.annotate(i, "pragma_auto_unroll_max_step", 512)
+        sch.annotate(i, "pragma_unroll_explicit", 1)
+        assert unrolls_inner_reduction(sch.mod["main"], vector_bytes) == (not safe), length
+        assert safe_untiled(sch.mod["main"], vector_bytes) == safe, length
+        sch.unannotate(i, "pragma_auto_unroll_max_step")
+        assert safe_untiled(sch.mod["main"], vector_bytes)  # left to LLVM's vectoriser
+
+
+def test_work_iterations_counts_what_a_task_computes_not_its_largest_tensor():
+    """A gather of one row of a 197 x 192 table computes 192 elements (ViT's class token:
+    its largest tensor has 37,824); a reduction counts the elements it reads."""
+    table = te.placeholder((197, 192), "float32", name="table")
+    row = te.compute((1, 192), lambda i, j: table[0, j], name="row")
+    gather = types.SimpleNamespace(mod=_te_mod(table, row), args_info=[
+        ["TENSOR", "float32", [197, 192]], ["TENSOR", "float32", [1, 192]]])
+    assert work_iterations(gather) == 192 < MIN_UNTILED_ITERATIONS
+    a = te.placeholder((591, 197), "float32", name="a")
+    k = te.reduce_axis((0, 197), name="k")
+    total = te.compute((591,), lambda i: te.sum(a[i, k], axis=k), name="total")
+    reduction = types.SimpleNamespace(mod=_te_mod(a, total), args_info=[])
+    assert work_iterations(reduction) == 591 * 197

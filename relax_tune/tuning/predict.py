@@ -16,8 +16,10 @@ loops for data reuse (the multi-level tiling of matmuls, convolutions and attent
 nest over the whole reduction; the tiled candidates run in parallel, vectorised, with their
 tiles in cache, and measured 19x to 136x faster than it on the first try (the first
 candidate of each of ResNet-18's convolutions and matmuls, docs/results/one-minute-tuning.md).
-Elementwise, layout, pooling and normalisation tasks get one only when their largest tensor
-has ``MIN_UNTILED_ELEMENTS`` elements or more: on less, a parallel loop's start-up can cost
+Elementwise, layout, pooling and normalisation tasks get one only when their largest block
+runs ``MIN_UNTILED_ITERATIONS`` iterations or more (``work_iterations``), and only a
+candidate that passes ``safe_untiled`` (no vector narrower than a register, no innermost
+reduction unrolled): on less, a parallel loop's start-up can cost
 more than the untuned loop; on more, the untuned function is a single-threaded scalar loop
 nest (ResNet-18's Winograd layout, gather and pooling tasks measured 80x-800x slower
 untuned than their best schedule after 300 s of tuning, docs/design/time-budget.md).
@@ -42,10 +44,12 @@ import logging
 import math
 import time
 
+import tvm
 import tvm_ffi
 from tvm import tirx
 
 from ..database.predicted import PredictedSchedules
+from ..space.analysis import COMM_REDUCE
 from ..space.params import ANN_TILED, target_params
 from ..space.verify import widest_element
 from ..utils import trace_to_json
@@ -63,13 +67,15 @@ def tiles_for_reuse(trace_json: list) -> bool:
     return ANN_TILED in text or '"Tensorize"' in text
 
 
-MIN_UNTILED_ELEMENTS = 32768
+MIN_UNTILED_ITERATIONS = 32768
 """A task that does not tile for reuse (elementwise, layout, pooling, normalisation) gets a
-predicted schedule only when its largest tensor has this many elements: its untuned
+predicted schedule only when its largest block runs this many iterations: its untuned
 function then runs long enough on one core (tens of microseconds and up) that a parallel,
 vectorised schedule cannot lose by its threads' start-up. At 16384 it could: a global
 average pool's sum over 64x16x16 ran 10.9 us predicted against 9.3 us untuned with the
-other core busy (Intel Xeon, 2 threads); over 128x16x16, 21 us against 40 us."""
+other core busy (Intel Xeon, 2 threads); over 128x16x16, 21 us against 40 us. Counted
+as iterations, not as the largest tensor's elements: ViT's class-token ``take`` reads a
+197 x 192 tensor but writes 192 floats, and ran 1.0 us predicted against 0.05 untuned."""
 
 
 MIN_TILED_FLOPS = 4096
@@ -81,10 +87,9 @@ matmul with bias, 1.3e3 FLOPs, ran 0.14 us untuned against 1.22 us predicted; 1x
 128x32, 8.2e3 FLOPs, 1.14 us against 0.17 us, and every larger one faster still."""
 
 
-def whole_vectors(func: tirx.PrimFunc, vector_bytes: int) -> bool:
-    """Whether every vectorised loop of the scheduled ``func`` fills one SIMD register of
-    ``vector_bytes`` at most, or a whole number of them (its width times the bytes of the
-    widest element its stores write)."""
+def _vector_sizes(func: tirx.PrimFunc) -> list[int]:
+    """Bytes of each vectorised loop of ``func`` (its width times the widest element its
+    stores write)."""
     sizes: list[int] = []
 
     def on_loop(loop: tirx.For) -> None:
@@ -92,23 +97,111 @@ def whole_vectors(func: tirx.PrimFunc, vector_bytes: int) -> bool:
             sizes.append(int(loop.extent) * widest_element(loop.body))
 
     tvm_ffi.structural_walk(func.body, [(tirx.For, on_loop)])
-    return all(size <= vector_bytes or size % vector_bytes == 0 for size in sizes)
+    return sizes
 
 
-def _whole_vectors_on(target):
+def whole_vectors(func: tirx.PrimFunc, vector_bytes: int) -> bool:
+    """Whether every vectorised loop of the scheduled ``func`` fills one SIMD register of
+    ``vector_bytes`` at most, or a whole number of them (its width times the bytes of the
+    widest element its stores write)."""
+    return all(size <= vector_bytes or size % vector_bytes == 0
+               for size in _vector_sizes(func))
+
+
+def _binds_reduction(loop: tirx.For) -> bool:
+    """Whether ``loop``'s variable feeds a reduction iteration of a block inside it."""
+    found = [False]
+
+    def on_var(var: tirx.Var) -> None:
+        found[0] = found[0] or var.same_as(loop.loop_var)
+
+    def on_realize(realize) -> None:
+        for iv, value in zip(realize.block.iter_vars, realize.iter_values):
+            if int(iv.iter_type) == COMM_REDUCE:
+                tvm_ffi.structural_walk(value, [(tirx.Var, on_var)])
+
+    tvm_ffi.structural_walk(loop.body, [(tvm.s_tir.SBlockRealize, on_realize)])
+    return found[0]
+
+
+def unrolls_inner_reduction(func: tirx.PrimFunc, vector_bytes: int) -> bool:
+    """Whether the scheduled ``func`` unrolls an innermost reduction loop long enough to fill
+    a vector: a serial loop with no loop inside that feeds a reduction, of at least one
+    register's elements, under a ``pragma_auto_unroll_max_step`` of at least its extent.
+    The untuned function's innermost reduction is what LLVM's loop vectoriser turns into
+    vector code; unrolled, it stays one scalar step per element (a pooling window's 3 taps
+    are no such loop)."""
+    found = [False]
+
+    def on_unrolled(outer: tirx.For) -> None:
+        step = outer.annotations.get("pragma_auto_unroll_max_step")
+        if step is None:
+            return
+
+        def on_loop(loop: tirx.For) -> None:
+            inner: list = []
+            tvm_ffi.structural_walk(loop.body, [(tirx.For, inner.append)])
+            if (not inner and loop.kind == tirx.ForKind.SERIAL
+                    and isinstance(loop.extent, tirx.IntImm)
+                    and int(loop.extent) <= int(step) and _binds_reduction(loop)
+                    and int(loop.extent) * widest_element(loop.body) >= vector_bytes):
+                found[0] = True
+
+        tvm_ffi.structural_walk(outer.body, [(tirx.For, on_loop)])
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, on_unrolled)])
+    return found[0]
+
+
+def safe_untiled(func: tirx.PrimFunc, vector_bytes: int) -> bool:
+    """Whether an unmeasured schedule of a task that does not tile for reuse keeps clear of
+    the two ways such schedules ran slower than the untuned function: a vector narrower
+    than one SIMD register (ResNet-18's input NCHW -> NHWC transpose vectorised its 3
+    channels, read 224 x 224 floats apart: 26.0 us against 19.7 untuned), and an innermost
+    reduction unrolled explicitly (ViT's mask reduction over 197, unrolled whole: 30.6 us
+    against 17.7) (docs/results/zen3-epyc.md, session 23)."""
+    return (all(size >= vector_bytes for size in _vector_sizes(func))
+            and not unrolls_inner_reduction(func, vector_bytes))
+
+
+def _accept_on(target):
+    """The check a predicted candidate must pass: whole vectors, and for one that does not
+    tile for reuse also ``safe_untiled``."""
     vector_bytes = target_params(target).vector_bytes
 
     def accept(cand) -> bool:
-        return all(whole_vectors(f, vector_bytes) for f in cand.sch.mod.functions.values()
-                   if isinstance(f, tirx.PrimFunc))
+        funcs = [f for f in cand.sch.mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+        if not all(whole_vectors(f, vector_bytes) for f in funcs):
+            return False
+        return tiles_for_reuse(cand.trace_json) or all(safe_untiled(f, vector_bytes)
+                                                        for f in funcs)
     return accept
 
 
-def work_elements(task) -> int:
-    """Elements of the task's largest tensor argument."""
-    sizes = [math.prod(int(d) for d in arg[2]) for arg in task.args_info
-             if arg and arg[0] == "TENSOR"]
-    return max(sizes, default=0)
+def work_iterations(task) -> int:
+    """Iterations of the task's largest block (the product of its iteration extents: the
+    elements a layout or elementwise task writes, those a reduction reads), or, where an
+    extent is symbolic, the elements of its largest tensor argument."""
+    volumes: list[int] = []
+    symbolic = [False]
+
+    def on_block(block) -> None:
+        volume = 1
+        for iv in block.iter_vars:
+            if not isinstance(iv.dom.extent, tirx.IntImm):
+                symbolic[0] = True
+                return
+            volume *= int(iv.dom.extent)
+        volumes.append(volume)
+
+    for func in task.mod.functions.values():
+        if isinstance(func, tirx.PrimFunc):
+            tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlock, on_block)])
+    if symbolic[0] or not volumes:
+        sizes = [math.prod(int(d) for d in arg[2]) for arg in task.args_info
+                 if arg and arg[0] == "TENSOR"]
+        return max(sizes, default=0)
+    return max(volumes)
 
 
 def may_tile(search: object) -> bool:
@@ -129,18 +222,21 @@ def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
         if deadline is not None and time.monotonic() >= deadline:
             logger.info("max_time reached after %d predicted schedules", count)
             break
-        large = work_elements(st.task) >= MIN_UNTILED_ELEMENTS
+        large = work_iterations(st.task) >= MIN_UNTILED_ITERATIONS
         if 0 < st.task.flops < MIN_TILED_FLOPS and not large:
             continue  # so little work that a thread pool's start costs more than all of it
         if st.report.best_secs is not None or not (large or may_tile(st.search)):
             continue  # measured already (ApplyDatabase takes the measurement), or too small
         try:
-            cand = st.search.best_predicted(st.measured, _whole_vectors_on(st.task.target))
+            accept = _accept_on(st.task.target)
+            cand = st.search.best_predicted(st.measured, accept)
         except Exception as err:  # noqa: BLE001 - the task keeps its untuned code
             logger.warning("%s: no predicted schedule (%s)", st.report.task_name, err)
             continue
         if cand is None or not (large or tiles_for_reuse(cand.trace_json)):
             continue
+        if not tiles_for_reuse(cand.trace_json) and not accept(cand):
+            continue  # no untiled candidate of the model's best is safe: the untuned code
         predicted.add(st.task.mod, cand.trace_json, st.task.target, st.task.args_info)
         logger.debug("%s: predicted after %d replays", st.report.task_name,
                      getattr(st.search, "stats", {}).get("replays", 0))
