@@ -275,7 +275,7 @@ def test_safe_untiled_refuses_sub_register_vectors_and_unrolled_reductions():
             sch.vectorize(w)
         else:
             sch.vectorize(c)
-        assert safe_untiled(sch.mod["main"], vector_bytes) == safe, vectorised
+        assert safe_untiled(sch, vector_bytes) == safe, vectorised
     # a row maximum over 197 int8 values: unrolling the 197 whole is refused, 3 taps are not
     for length, safe in ((197, False), (3, True)):
         a = te.placeholder((64, length), "int8", name="a")
@@ -286,10 +286,10 @@ def test_safe_untiled_refuses_sub_register_vectors_and_unrolled_reductions():
         sch.parallel(i)
         sch.annotate(i, "pragma_auto_unroll_max_step", 512)
         sch.annotate(i, "pragma_unroll_explicit", 1)
-        assert unrolls_inner_reduction(sch.mod["main"], vector_bytes) == (not safe), length
-        assert safe_untiled(sch.mod["main"], vector_bytes) == safe, length
+        assert unrolls_inner_reduction(sch, vector_bytes) == (not safe), length
+        assert safe_untiled(sch, vector_bytes) == safe, length
         sch.unannotate(i, "pragma_auto_unroll_max_step")
-        assert safe_untiled(sch.mod["main"], vector_bytes)  # left to LLVM's vectoriser
+        assert safe_untiled(sch, vector_bytes)  # left to LLVM's vectoriser
 
 
 def test_work_iterations_counts_what_a_task_computes_not_its_largest_tensor():

@@ -47,9 +47,10 @@ import time
 import tvm
 import tvm_ffi
 from tvm import tirx
+from tvm.s_tir import Schedule
 
 from ..database.predicted import PredictedSchedules
-from ..space.analysis import COMM_REDUCE
+from ..space import analysis as A
 from ..space.params import ANN_TILED, target_params
 from ..space.verify import widest_element
 from ..utils import trace_to_json
@@ -108,60 +109,43 @@ def whole_vectors(func: tirx.PrimFunc, vector_bytes: int) -> bool:
                for size in _vector_sizes(func))
 
 
-def _binds_reduction(loop: tirx.For) -> bool:
-    """Whether ``loop``'s variable feeds a reduction iteration of a block inside it."""
-    found = [False]
-
-    def on_var(var: tirx.Var) -> None:
-        found[0] = found[0] or var.same_as(loop.loop_var)
-
-    def on_realize(realize) -> None:
-        for iv, value in zip(realize.block.iter_vars, realize.iter_values):
-            if int(iv.iter_type) == COMM_REDUCE:
-                tvm_ffi.structural_walk(value, [(tirx.Var, on_var)])
-
-    tvm_ffi.structural_walk(loop.body, [(tvm.s_tir.SBlockRealize, on_realize)])
-    return found[0]
-
-
-def unrolls_inner_reduction(func: tirx.PrimFunc, vector_bytes: int) -> bool:
-    """Whether the scheduled ``func`` unrolls an innermost reduction loop long enough to fill
-    a vector: a serial loop with no loop inside that feeds a reduction, of at least one
+def unrolls_inner_reduction(sch: Schedule, vector_bytes: int) -> bool:
+    """Whether the schedule unrolls an innermost reduction loop long enough to fill a vector:
+    the serial loop right above a block that a reduction iteration uses, of at least one
     register's elements, under a ``pragma_auto_unroll_max_step`` of at least its extent.
     The untuned function's innermost reduction is what LLVM's loop vectoriser turns into
     vector code; unrolled, it stays one scalar step per element (a pooling window's 3 taps
     are no such loop)."""
-    found = [False]
-
-    def on_unrolled(outer: tirx.For) -> None:
-        step = outer.annotations.get("pragma_auto_unroll_max_step")
-        if step is None:
-            return
-
-        def on_loop(loop: tirx.For) -> None:
-            inner: list = []
-            tvm_ffi.structural_walk(loop.body, [(tirx.For, inner.append)])
-            if (not inner and loop.kind == tirx.ForKind.SERIAL
-                    and isinstance(loop.extent, tirx.IntImm)
-                    and int(loop.extent) <= int(step) and _binds_reduction(loop)
-                    and int(loop.extent) * widest_element(loop.body) >= vector_bytes):
-                found[0] = True
-
-        tvm_ffi.structural_walk(outer.body, [(tirx.For, on_loop)])
-
-    tvm_ffi.structural_walk(func.body, [(tirx.For, on_unrolled)])
-    return found[0]
+    for block in A.collect_blocks(sch):
+        loops = A.loops_of(sch, block)
+        if not loops:
+            continue
+        inner = A.node(sch, loops[-1])
+        extent = A.loop_extent(sch, loops[-1])
+        if (extent is None or int(inner.kind) != A.FOR_SERIAL
+                or A.loop_iter_type(sch, loops[-1]) != "R"
+                or extent * widest_element(inner.body) < vector_bytes):
+            continue
+        steps = [A.node(sch, loop).annotations.get("pragma_auto_unroll_max_step")
+                 for loop in loops]
+        if any(step is not None and extent <= int(step) for step in steps):
+            return True
+    return False
 
 
-def safe_untiled(func: tirx.PrimFunc, vector_bytes: int) -> bool:
+def safe_untiled(sch: Schedule, vector_bytes: int) -> bool:
     """Whether an unmeasured schedule of a task that does not tile for reuse keeps clear of
     the two ways such schedules ran slower than the untuned function: a vector narrower
     than one SIMD register (ResNet-18's input NCHW -> NHWC transpose vectorised its 3
     channels, read 224 x 224 floats apart: 26.0 us against 19.7 untuned), and an innermost
     reduction unrolled explicitly (ViT's mask reduction over 197, unrolled whole: 30.6 us
     against 17.7) (docs/results/zen3-epyc.md, session 23)."""
-    return (all(size >= vector_bytes for size in _vector_sizes(func))
-            and not unrolls_inner_reduction(func, vector_bytes))
+    return (all(size >= vector_bytes for f in _prim_funcs(sch.mod) for size in _vector_sizes(f))
+            and not unrolls_inner_reduction(sch, vector_bytes))
+
+
+def _prim_funcs(mod: tvm.IRModule) -> list[tirx.PrimFunc]:
+    return [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
 
 
 def _accept_on(target):
@@ -170,11 +154,9 @@ def _accept_on(target):
     vector_bytes = target_params(target).vector_bytes
 
     def accept(cand) -> bool:
-        funcs = [f for f in cand.sch.mod.functions.values() if isinstance(f, tirx.PrimFunc)]
-        if not all(whole_vectors(f, vector_bytes) for f in funcs):
+        if not all(whole_vectors(f, vector_bytes) for f in _prim_funcs(cand.sch.mod)):
             return False
-        return tiles_for_reuse(cand.trace_json) or all(safe_untiled(f, vector_bytes)
-                                                        for f in funcs)
+        return tiles_for_reuse(cand.trace_json) or safe_untiled(cand.sch, vector_bytes)
     return accept
 
 
@@ -182,26 +164,15 @@ def work_iterations(task) -> int:
     """Iterations of the task's largest block (the product of its iteration extents: the
     elements a layout or elementwise task writes, those a reduction reads), or, where an
     extent is symbolic, the elements of its largest tensor argument."""
-    volumes: list[int] = []
-    symbolic = [False]
-
-    def on_block(block) -> None:
-        volume = 1
-        for iv in block.iter_vars:
-            if not isinstance(iv.dom.extent, tirx.IntImm):
-                symbolic[0] = True
-                return
-            volume *= int(iv.dom.extent)
-        volumes.append(volume)
-
-    for func in task.mod.functions.values():
-        if isinstance(func, tirx.PrimFunc):
-            tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlock, on_block)])
-    if symbolic[0] or not volumes:
-        sizes = [math.prod(int(d) for d in arg[2]) for arg in task.args_info
-                 if arg and arg[0] == "TENSOR"]
-        return max(sizes, default=0)
-    return max(volumes)
+    blocks: list = []
+    for func in _prim_funcs(task.mod):
+        tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlock, blocks.append)])
+    extents = [[iv.dom.extent for iv in block.iter_vars] for block in blocks]
+    if blocks and all(isinstance(e, tirx.IntImm) for ext in extents for e in ext):
+        return max(math.prod(int(e) for e in ext) for ext in extents)
+    sizes = [math.prod(int(d) for d in arg[2]) for arg in task.args_info
+             if arg and arg[0] == "TENSOR"]
+    return max(sizes, default=0)
 
 
 def may_tile(search: object) -> bool:
@@ -233,10 +204,9 @@ def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
         except Exception as err:  # noqa: BLE001 - the task keeps its untuned code
             logger.warning("%s: no predicted schedule (%s)", st.report.task_name, err)
             continue
-        if cand is None or not (large or tiles_for_reuse(cand.trace_json)):
-            continue
-        if not tiles_for_reuse(cand.trace_json) and not accept(cand):
-            continue  # no untiled candidate of the model's best is safe: the untuned code
+        tiled = cand is not None and tiles_for_reuse(cand.trace_json)
+        if cand is None or not (tiled or (large and accept(cand))):
+            continue  # small, or no untiled candidate of the model's best is safe: untuned
         predicted.add(st.task.mod, cand.trace_json, st.task.target, st.task.args_info)
         logger.debug("%s: predicted after %d replays", st.report.task_name,
                      getattr(st.search, "stats", {}).get("replays", 0))
