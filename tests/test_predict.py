@@ -16,7 +16,7 @@ from relax_tune.testing.models import conv_net, model_inputs, split_inputs, tran
 from relax_tune.testing.workloads import matmul_mod
 from relax_tune.space.params import target_params
 from relax_tune.tuning.predict import (MIN_TILED_FLOPS, MIN_UNTILED_ITERATIONS, safe_untiled,
-                                       tiles_for_reuse, unrolls_inner_reduction,
+                                       thrashes_l1, tiles_for_reuse, unrolls_inner_reduction,
                                        whole_vectors, work_iterations)
 from relax_tune.utils import trace_to_json
 from relax_tune.work_dir import WorkDir
@@ -290,6 +290,32 @@ def test_safe_untiled_refuses_sub_register_vectors_and_unrolled_reductions():
         assert safe_untiled(sch, vector_bytes) == safe, length
         sch.unannotate(i, "pragma_auto_unroll_max_step")
         assert safe_untiled(sch, vector_bytes)  # left to LLVM's vectoriser
+
+
+def test_thrashes_l1_finds_a_strided_walk_that_evicts_its_own_lines():
+    """BERT's key, transposed by one inlined loop (session 24): its inner loop read 128 rows
+    1 KiB apart, 128 lines that fall into 4 of the L1's 64 sets, and ran slower than the
+    untuned copies. The indices divide and take remainders, as inlined reshapes leave them.
+    Rows 768 bytes apart reach 16 sets, which hold the 128 lines; so does the walk along a row; and a
+    candidate that thrashes passes where the untuned function thrashes too."""
+    def transposed(cols: int, inner: str) -> tvm.s_tir.Schedule:
+        x = te.placeholder((128, cols), "float32", name="x")
+        heads = cols // 64
+        y = te.compute((heads, 64, 128), lambda h, d, s: x[(s * cols + h * 64 + d) // cols,
+                                                           (s * cols + h * 64 + d) % cols],
+                       name="y")
+        sch = tvm.s_tir.Schedule(_te_mod(x, y))
+        h, d, s = sch.get_loops(sch.get_sblock("y"))
+        if inner == "d":
+            sch.reorder(h, s, d)
+        sch.parallel(sch.fuse(*sch.get_loops(sch.get_sblock("y"))[:2]))
+        return sch
+
+    assert thrashes_l1(transposed(256, "s"))
+    assert not safe_untiled(transposed(256, "s"), 32)
+    assert safe_untiled(transposed(256, "s"), 32, untuned_thrashes=True)
+    assert not thrashes_l1(transposed(192, "s"))  # 768 bytes apart: 16 sets hold 128 lines
+    assert not thrashes_l1(transposed(256, "d"))
 
 
 def test_work_iterations_counts_what_a_task_computes_not_its_largest_tensor():

@@ -372,6 +372,47 @@ def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[li
     return out
 
 
+def stepped_strides(sch: Schedule, block: SBlockRV, loop: LoopRV
+                    ) -> list[tuple[int | None, int]]:
+    """For each buffer access of ``block`` (reads then writes): how far its flattened index
+    moves, in elements, when ``loop`` takes its first step with every other loop at its
+    start, and the access's element bytes. Evaluated, not derived, so it holds where
+    ``loop_strides`` gives up: indices of inlined reshapes and transposes divide and take
+    remainders. None where an index is not a constant at those points."""
+    realize = _GET_SBLOCK_REALIZE(sch, block)
+    blk = realize.block
+    stepped = node(sch, loop).loop_var
+    starts = {lp.loop_var: lp.min for lp in (node(sch, rv) for rv in loops_of(sch, block))}
+
+    def offsets(step: int) -> list[int | None]:
+        ana = tvm.sym.Analyzer()
+        for var, start in starts.items():
+            ana.bind(var, start + step if var.same_as(stepped) else start)
+        for iv, value in zip(blk.iter_vars, realize.iter_values):
+            ana.bind(iv.var, ana.simplify(value))
+        out: list[int | None] = []
+        for access in list(blk.reads) + list(blk.writes):
+            shape = _buffer_shape(access.source)
+            index = [_const_int(ana.simplify(rng.min)) for rng in access.region]
+            if any(v is None for v in shape + index):
+                out.append(None)
+                continue
+            flat = 0
+            for extent, at in zip(shape, index):
+                flat = flat * extent + at
+            out.append(flat)
+        return out
+
+    try:
+        before, after = offsets(0), offsets(1)
+    except Exception:  # noqa: BLE001 - an index the analyzer cannot bind: unknown
+        return []
+    sizes = [max(1, tvm.DataType(_buffer_dtype(a.source)).bits // 8)
+             for a in list(blk.reads) + list(blk.writes)]
+    return [(None if b is None or a is None else a - b, size)
+            for b, a, size in zip(before, after, sizes)]
+
+
 def vectorizable_suffix(sch: Schedule, block: SBlockRV, loops: list[LoopRV],
                         extents: list[int | None] | None = None) -> int:
     """How many innermost loops of ``loops`` can be fused into one vector loop with linear

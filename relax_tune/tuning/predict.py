@@ -19,7 +19,8 @@ candidate of each of ResNet-18's convolutions and matmuls, docs/results/one-minu
 Elementwise, layout, pooling and normalisation tasks get one only when their largest block
 runs ``MIN_UNTILED_ITERATIONS`` iterations or more (``work_iterations``), and only a
 candidate that passes ``safe_untiled`` (no vector narrower than a register, no innermost
-reduction unrolled): on less, a parallel loop's start-up can cost
+reduction unrolled, no strided walk that evicts its own L1 lines where the untuned loop's
+does not): on less, a parallel loop's start-up can cost
 more than the untuned loop; on more, the untuned function is a single-threaded scalar loop
 nest (ResNet-18's Winograd layout, gather and pooling tasks measured 80x-800x slower
 untuned than their best schedule after 300 s of tuning, docs/design/time-budget.md).
@@ -133,30 +134,69 @@ def unrolls_inner_reduction(sch: Schedule, vector_bytes: int) -> bool:
     return False
 
 
-def safe_untiled(sch: Schedule, vector_bytes: int) -> bool:
+CACHE_LINE = 64
+L1_SETS = 64
+"""An L1 data cache indexed within a 4 KiB page holds 64 sets of 64-byte lines, whatever its
+size (x86 cores: 32 KiB 8-way, 48 KiB 12-way)."""
+L1_WAYS = 8
+"""The fewest ways of those L1s: the lines one set can hold."""
+
+
+def thrashes_l1(sch: Schedule) -> bool:
+    """Whether a block's innermost stepping loop walks an access across more cache lines of
+    the same L1 sets than the sets hold: a stride of a whole number of lines reaches only
+    ``L1_SETS / gcd(stride in lines, L1_SETS)`` sets, ``L1_WAYS`` lines each, and a longer
+    walk evicts its own lines before the next outer iteration comes back to read their
+    neighbours. (BERT's key transposed by one inlined loop read 128 rows 1 KiB apart, 128
+    lines in 4 sets: 24.6 us against 17.3 untuned, whose copies read 256 bytes apart.)"""
+    for block in A.collect_blocks(sch):
+        loops = [lp for lp in A.loops_of(sch, block)
+                 if A.loop_kind(sch, lp) != A.FOR_VECTORIZED and (A.loop_extent(sch, lp) or 0) > 1]
+        if not loops:
+            continue
+        extent = A.loop_extent(sch, loops[-1])
+        for stride, size in A.stepped_strides(sch, block, loops[-1]):
+            span = abs(stride or 0) * size
+            if span < CACHE_LINE or span % CACHE_LINE:
+                continue
+            sets = L1_SETS // math.gcd(span // CACHE_LINE, L1_SETS)
+            if extent > sets * L1_WAYS:
+                return True
+    return False
+
+
+def safe_untiled(sch: Schedule, vector_bytes: int, untuned_thrashes: bool = False) -> bool:
     """Whether an unmeasured schedule of a task that does not tile for reuse keeps clear of
-    the two ways such schedules ran slower than the untuned function: a vector narrower
+    the three ways such schedules ran slower than the untuned function: a vector narrower
     than one SIMD register (ResNet-18's input NCHW -> NHWC transpose vectorised its 3
-    channels, read 224 x 224 floats apart: 26.0 us against 19.7 untuned), and an innermost
+    channels, read 224 x 224 floats apart: 26.0 us against 19.7 untuned), an innermost
     reduction unrolled explicitly (ViT's mask reduction over 197, unrolled whole: 30.6 us
-    against 17.7) (docs/results/zen3-epyc.md, session 23)."""
+    against 17.7) (docs/results/zen3-epyc.md, session 23), and a walk that evicts its own
+    lines from L1 where the untuned function's does not (``thrashes_l1``; where both do,
+    the parallel schedule still won: ViT's transposed key, 15.6 us against 39.4 untuned)."""
     return (all(size >= vector_bytes for f in _prim_funcs(sch.mod) for size in _vector_sizes(f))
-            and not unrolls_inner_reduction(sch, vector_bytes))
+            and not unrolls_inner_reduction(sch, vector_bytes)
+            and (untuned_thrashes or not thrashes_l1(sch)))
 
 
 def _prim_funcs(mod: tvm.IRModule) -> list[tirx.PrimFunc]:
     return [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
 
 
-def _accept_on(target):
-    """The check a predicted candidate must pass: whole vectors, and for one that does not
-    tile for reuse also ``safe_untiled``."""
-    vector_bytes = target_params(target).vector_bytes
+def _accept_on(task):
+    """The check a predicted candidate of ``task`` must pass: whole vectors, and for one that
+    does not tile for reuse also ``safe_untiled``."""
+    vector_bytes = target_params(task.target).vector_bytes
+    untuned_thrashes: list[bool] = []  # read once, at the first untiled candidate
 
     def accept(cand) -> bool:
         if not all(whole_vectors(f, vector_bytes) for f in _prim_funcs(cand.sch.mod)):
             return False
-        return tiles_for_reuse(cand.trace_json) or safe_untiled(cand.sch, vector_bytes)
+        if tiles_for_reuse(cand.trace_json):
+            return True
+        if not untuned_thrashes:
+            untuned_thrashes.append(thrashes_l1(Schedule(task.mod)))
+        return safe_untiled(cand.sch, vector_bytes, untuned_thrashes[0])
     return accept
 
 
@@ -199,7 +239,7 @@ def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
         if st.report.best_secs is not None or not (large or may_tile(st.search)):
             continue  # measured already (ApplyDatabase takes the measurement), or too small
         try:
-            accept = _accept_on(st.task.target)
+            accept = _accept_on(st.task)
             cand = st.search.best_predicted(st.measured, accept)
         except Exception as err:  # noqa: BLE001 - the task keeps its untuned code
             logger.warning("%s: no predicted schedule (%s)", st.report.task_name, err)
