@@ -55,13 +55,18 @@ def test_transforms_compute_a_tile_of_the_correlation():
 
 @pytest.mark.parametrize("shape", [(1, 8, 8, 4), (1, 15, 13, 8), (2, 16, 16, 3)])
 def test_rewrite_matches_the_convolution(shape):
-    """Sizes a multiple of the tile, not one (partial tiles are cut off), and batch 2."""
+    """Sizes a multiple of the tile, not one (partial tiles are cut off), and batch 2; 4 and
+    8 channels through the input transform's kernel, 3 through the matmul."""
     rng = np.random.default_rng(1)
     weight = rng.standard_normal((6, 3, 3, shape[-1])).astype("float32")
     x = rng.standard_normal(shape).astype("float32")
     mod = conv_mod(shape, weight)
     converted = WinogradConvolutions(min_size=1, min_channels=1)(mod)
     assert has_conv(mod) and not has_conv(converted)
+    # the input transform's kernel where a vector of 2 or more floats divides the channels,
+    # else the gather and the Kronecker product's matmul
+    kernels = [gv.name_hint for gv in converted.get_global_vars()]
+    assert ("winograd_input_transform" in kernels) == (shape[-1] % 2 == 0), kernels
     ref, out = run(mod, x), run(converted, x)
     assert out.shape == ref.shape
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())

@@ -112,7 +112,8 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
         relax.transform.FoldConstant(),
         *([PointwiseConvToMatmul(target_params(target).lanes("float32"))] if cpu else []),
         *([ColumnsForFewChannels(column_group_bytes(target))] if cpu and int8 else []),
-        *([WinogradConvolutions(), relax.transform.FoldConstant()] if cpu and winograd else []),
+        *([WinogradConvolutions(lanes=target_params(target).lanes("float32")),
+          relax.transform.FoldConstant()] if cpu and winograd else []),
     ]
 
 

@@ -6,14 +6,15 @@ instead of 9 m^2 (F(4x4, 3x3): 36 against 144, a 4x cut of the GEMM's work):
 
     Y = A^T [ (G g G^T) * (B^T d B) ] A     (per input tile d, filter g; * elementwise)
 
-Here every step is a Relax operation the tuner already schedules well, so nothing needs a
-hand-written kernel:
+Here every step but the input transform is a Relax operation the tuner schedules well:
 
 - ``U = G g G^T`` of every filter is computed once, here, from the bound weight:
   a constant of shape ((m+2)^2, C, K);
-- the input tiles are gathered (``take`` with constant indices on the padded input):
-  ((m+2)^2, P * C) for P tiles;
-- ``V = B^T d B`` is one matmul with the constant Kronecker product of B^T with itself;
+- ``V = B^T d B`` of every input tile, ((m+2)^2, P, C) for P tiles, is one scheduled
+  kernel that reads the tiles from the padded input (``winograd_kernels``): B^T's zeros left
+  out, 264 operations per tile and channel against the 1,296 of a matmul with the Kronecker
+  product of B^T with itself, which is what it was until session 24 (a gather of the tiles,
+  ``take``, then that matmul; still the way for channel counts no vector width divides);
 - the tile products summed over input channels are one batched matmul,
   ((m+2)^2, P, C) x ((m+2)^2, C, K);
 - ``A^T M A`` is one matmul with the Kronecker product of A^T with itself, and the tiles
@@ -39,9 +40,10 @@ import math
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, wildcard
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from .rewrite import constant, rewrite_functions
+from .rewrite import constant
+from .winograd_kernels import input_transform_func
 
 logger = logging.getLogger(__name__)
 
@@ -112,9 +114,20 @@ def _eligible(call: relax.Call, min_size: int, min_channels: int) -> bool:
             and min(c, k) >= min_channels)
 
 
-def winograd_conv2d(x: relax.Expr, w_ohwi: np.ndarray, m: int = TILE) -> relax.Expr:
+def _vector_lanes(c: int, lanes: int) -> int:
+    """The widest of ``lanes`` (one register of floats) and its halves down to 2 that
+    divides ``c``; 0 when none does."""
+    while lanes >= 2 and c % lanes:
+        lanes //= 2
+    return lanes if lanes >= 2 else 0
+
+
+def winograd_conv2d(x: relax.Expr, w_ohwi: np.ndarray, m: int = TILE,
+                    builder: relax.BlockBuilder | None = None, lanes: int = 8) -> relax.Expr:
     """Relax expression of ``conv2d(x, w, padding 1)`` (NHWC / OHWI, 3x3, stride 1) by
-    Winograd F(m x m, 3 x 3); ``x`` must have a static shape."""
+    Winograd F(m x m, 3 x 3); ``x`` must have a static shape. With ``builder`` (the module's)
+    the input transform is ``winograd_kernels``' kernel on vectors of ``lanes`` floats (or
+    the widest half of it that divides the channels), added to it."""
     n, h, wd, c = (int(d) for d in x.ty.shape)
     k = w_ohwi.shape[0]
     alpha = m + 2
@@ -124,13 +137,20 @@ def winograd_conv2d(x: relax.Expr, w_ohwi: np.ndarray, m: int = TILE) -> relax.E
     hp, wp = th * m + 2, tw * m + 2
     f32 = "float32"
     padded = relax.op.nn.pad(x, [0, 0, 1, hp - h - 1, 1, wp - wd - 1, 0, 0])
-    # "clip": the indices are in bounds; TVM's "fast" mode would log a warning per kernel
-    tiles = relax.op.take(relax.op.reshape(padded, [n * hp * wp, c]), relax.const(rows),
-                          axis=0, mode="clip")  # (alpha^2 * P, C)
-    v = relax.op.matmul(relax.const(np.kron(b_mat.T, b_mat.T).astype(f32)),
-                        relax.op.reshape(tiles, [alpha * alpha, p * c]))
-    prod = relax.op.matmul(relax.op.reshape(v, [alpha * alpha, p, c]),
-                           relax.const(transformed_weight(w_ohwi, m)))  # (alpha^2, P, K)
+    lanes = _vector_lanes(c, lanes)
+    if builder is not None and lanes:
+        func = input_transform_func((n, hp, wp, c), (th, tw), m, lanes,
+                                    np.ascontiguousarray(b_mat.T, np.float64).tobytes())
+        v = relax.call_tir(builder.add_func(func, "winograd_input_transform"), [padded],
+                           relax.TensorType([alpha * alpha, p, c], f32))
+    else:
+        # "clip": the indices are in bounds; TVM's "fast" mode would log a warning per kernel
+        tiles = relax.op.take(relax.op.reshape(padded, [n * hp * wp, c]), relax.const(rows),
+                              axis=0, mode="clip")  # (alpha^2 * P, C)
+        v = relax.op.matmul(relax.const(np.kron(b_mat.T, b_mat.T).astype(f32)),
+                            relax.op.reshape(tiles, [alpha * alpha, p * c]))
+        v = relax.op.reshape(v, [alpha * alpha, p, c])
+    prod = relax.op.matmul(v, relax.const(transformed_weight(w_ohwi, m)))  # (alpha^2, P, K)
     y = relax.op.matmul(relax.const(np.kron(a_mat.T, a_mat.T).astype(f32)),
                         relax.op.reshape(prod, [alpha * alpha, p * k]))  # (m^2, P * K)
     y = relax.op.permute_dims(relax.op.reshape(y, [m, m, n, th, tw, k]), [2, 3, 0, 4, 1, 5])
@@ -143,19 +163,22 @@ def winograd_conv2d(x: relax.Expr, w_ohwi: np.ndarray, m: int = TILE) -> relax.E
 @tvm.transform.module_pass(opt_level=0, name="relax_tune.WinogradConvolutions")
 class WinogradConvolutions:
     """Rewrite eligible 3x3 stride-1 convolutions (see the module docstring) into Winograd
-    F(m x m, 3 x 3) made of a gather, three matmuls and a transpose; others are left."""
+    F(m x m, 3 x 3) made of the input transform's kernel, two matmuls and a transpose; others
+    are left. ``lanes``: floats in one of the target's SIMD registers."""
 
     def __init__(self, tile: int = TILE, min_size: int | None = None,
-                 min_channels: int | None = None):
+                 min_channels: int | None = None, lanes: int = 8):
         self.tile = tile
         self.min_size = MIN_SIZE if min_size is None else min_size
         self.min_channels = MIN_CHANNELS if min_channels is None else min_channels
+        self.lanes = lanes
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """``mod`` with its eligible convolutions computed by Winograd's algorithm."""
         x, w = wildcard(), wildcard()
         pattern = is_op("relax.nn.conv2d")(x, w)
         converted = []
+        builder = relax.BlockBuilder(mod)
 
         def rewrite(matched: relax.Expr, matches: dict) -> relax.Expr:
             if not _eligible(matched, self.min_size, self.min_channels):
@@ -164,10 +187,21 @@ class WinogradConvolutions:
             if weight is None:
                 return matched  # not bound: nothing to transform at compile time
             converted.append(tuple(int(d) for d in matched.ty.shape))
-            return winograd_conv2d(matches[x], weight, self.tile)
+            return winograd_conv2d(matches[x], weight, self.tile, builder, self.lanes)
 
-        out = rewrite_functions(mod, pattern, rewrite)
-        if converted:
-            logger.info("%d 3x3 convolutions computed by Winograd F(%d, 3): output shapes %s",
-                        len(converted), self.tile, sorted(set(converted)))
+        changed = {}
+        for gv, func in mod.functions.items():
+            if isinstance(func, relax.Function):
+                new = rewrite_call(pattern, rewrite, func)
+                if not new.same_as(func):
+                    changed[gv] = new
+        if not converted:
+            return mod
+        out = builder.get()
+        if out.same_as(mod):  # no kernel added (the matmul way): update_func mutates
+            out = mod.clone()
+        for gv, func in changed.items():
+            out.update_func(gv, func)
+        logger.info("%d 3x3 convolutions computed by Winograd F(%d, 3): output shapes %s",
+                    len(converted), self.tile, sorted(set(converted)))
         return out
