@@ -53,15 +53,17 @@ def test_transforms_compute_a_tile_of_the_correlation():
     np.testing.assert_allclose(u[:, 1, 4].reshape(6, 6), g @ w[4, :, :, 1] @ g.T, rtol=1e-5)
 
 
+@pytest.mark.parametrize("small_tile_below", [0, 100])  # F(4x4, 3x3) / F(2x2, 3x3)
 @pytest.mark.parametrize("shape", [(1, 8, 8, 4), (1, 15, 13, 8), (2, 16, 16, 3)])
-def test_rewrite_matches_the_convolution(shape):
+def test_rewrite_matches_the_convolution(shape, small_tile_below):
     """Sizes a multiple of the tile, not one (partial tiles are cut off), and batch 2; 4 and
     8 channels through the input transform's kernel, 3 through the matmul."""
     rng = np.random.default_rng(1)
     weight = rng.standard_normal((6, 3, 3, shape[-1])).astype("float32")
     x = rng.standard_normal(shape).astype("float32")
     mod = conv_mod(shape, weight)
-    converted = WinogradConvolutions(min_size=1, min_channels=1)(mod)
+    converted = WinogradConvolutions(min_size=1, min_channels=1,
+                                     small_tile_below=small_tile_below)(mod)
     assert has_conv(mod) and not has_conv(converted)
     # the input transform's kernel where a vector of 2 or more floats divides the channels,
     # else the gather and the Kronecker product's matmul
@@ -69,6 +71,22 @@ def test_rewrite_matches_the_convolution(shape):
     assert ("winograd_input_transform" in kernels) == (shape[-1] % 2 == 0), kernels
     ref, out = run(mod, x), run(converted, x)
     assert out.shape == ref.shape
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_input_transform_kernel_at_a_wider_vector_and_batch_2():
+    """The kernel with AVX-512's 16 lanes (LLVM splits them on a narrower host), two images,
+    and a map no tile size divides: the same output as the convolution."""
+    rng = np.random.default_rng(3)
+    shape = (2, 10, 7, 32)
+    weight = rng.standard_normal((16, 3, 3, 32)).astype("float32")
+    x = rng.standard_normal(shape).astype("float32")
+    mod = conv_mod(shape, weight)
+    converted = WinogradConvolutions(min_size=1, min_channels=1, lanes=16)(mod)
+    kernel = [f for gv, f in converted.functions.items()
+              if gv.name_hint == "winograd_input_transform"]
+    assert len(kernel) == 1 and " * 16 + 16]" in kernel[0].script()  # 16 channels a step
+    ref, out = run(mod, x), run(converted, x)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
@@ -93,12 +111,13 @@ def test_other_convolutions_are_left(case):
 
 def test_pipeline_lowers_large_3x3_convolutions_by_winograd_unless_told_not_to():
     """Exported NCHW convolutions become channels-last, then Winograd where the feature map
-    is large (>= MIN_SIZE), through the pipeline's lowering; ``winograd=False`` keeps them."""
+    is large enough (>= MIN_SIZE: 7), through the pipeline's lowering; ``winograd=False``
+    keeps them."""
     rng = np.random.default_rng(2)
     weight = rng.standard_normal((32, 32, 3, 3)).astype("float32")
     target = relax_tune.host_target()
     big, small = conv_mod((1, 32, 16, 16), weight, layout="NCHW"), \
-        conv_mod((1, 32, 8, 8), weight, layout="NCHW")
+        conv_mod((1, 32, 6, 6), weight, layout="NCHW")
     assert not has_conv(lower_for_tuning(big, target))
     assert has_conv(lower_for_tuning(big, target, winograd=False))
     assert has_conv(lower_for_tuning(small, target))

@@ -23,10 +23,12 @@ Here every step but the input transform is a Relax operation the tuner schedules
 
 It acts on ``conv2d`` in NHWC / OHWI (``ChannelsLastConvolutions`` puts them there), 3x3,
 stride 1, dilation 1, groups 1, padding 1 (so output size = input size), float32, with a
-bound weight, and only where the output is at least ``MIN_SIZE`` pixels on each side (on a
-small feature map the transformed weights, (m+2)^2 / 9 = 4x the original for m = 4, are
-read for few tiles, and the layer is bound by memory, not arithmetic) and both channel
-counts are at least ``MIN_CHANNELS``.
+bound weight, where the output is at least ``MIN_SIZE`` pixels on each side and both channel
+counts are at least ``MIN_CHANNELS``. Maps of fewer than ``SMALL_TILE_BELOW`` pixels a side
+take F(2x2, 3x3) instead of F(4x4, 3x3): on a small feature map the transformed weights,
+(m+2)^2 / 9 of the original (4x for m = 4, 1.8x for m = 2), are read for few tiles, and the
+layer is bound by memory, not arithmetic. F(2x2) does 16 multiplications per tile and
+channel pair where the direct convolution does 36 (ResNet-18's 7x7x512 layers, session 24).
 
 Measured layer by layer and on ResNet-18: docs/design/winograd.md.
 """
@@ -50,7 +52,13 @@ logger = logging.getLogger(__name__)
 TILE = 4
 """Output tile size m of F(m x m, 3 x 3)."""
 
-MIN_SIZE = 14
+SMALL_TILE = 2
+"""Output tile size on the small maps (``SMALL_TILE_BELOW``)."""
+
+SMALL_TILE_BELOW = 14
+"""Maps with a side of fewer pixels than this take ``SMALL_TILE``."""
+
+MIN_SIZE = 7
 """Smallest output side (pixels) converted."""
 
 MIN_CHANNELS = 32
@@ -167,11 +175,18 @@ class WinogradConvolutions:
     are left. ``lanes``: floats in one of the target's SIMD registers."""
 
     def __init__(self, tile: int = TILE, min_size: int | None = None,
-                 min_channels: int | None = None, lanes: int = 8):
+                 min_channels: int | None = None, lanes: int = 8,
+                 small_tile_below: int | None = None):
         self.tile = tile
         self.min_size = MIN_SIZE if min_size is None else min_size
         self.min_channels = MIN_CHANNELS if min_channels is None else min_channels
         self.lanes = lanes
+        self.small_tile_below = (SMALL_TILE_BELOW if small_tile_below is None
+                                 else small_tile_below)
+
+    def tile_for(self, h: int, w: int) -> int:
+        """The output tile size for an ``h`` x ``w`` map."""
+        return SMALL_TILE if min(h, w) < self.small_tile_below else self.tile
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """``mod`` with its eligible convolutions computed by Winograd's algorithm."""
@@ -186,8 +201,10 @@ class WinogradConvolutions:
             weight = constant(matches[w])
             if weight is None:
                 return matched  # not bound: nothing to transform at compile time
-            converted.append(tuple(int(d) for d in matched.ty.shape))
-            return winograd_conv2d(matches[x], weight, self.tile, builder, self.lanes)
+            shape = tuple(int(d) for d in matched.ty.shape)
+            m = self.tile_for(shape[1], shape[2])
+            converted.append((m, shape))
+            return winograd_conv2d(matches[x], weight, m, builder, self.lanes)
 
         changed = {}
         for gv, func in mod.functions.items():
@@ -202,6 +219,6 @@ class WinogradConvolutions:
             out = mod.clone()
         for gv, func in changed.items():
             out.update_func(gv, func)
-        logger.info("%d 3x3 convolutions computed by Winograd F(%d, 3): output shapes %s",
-                    len(converted), self.tile, sorted(set(converted)))
+        logger.info("%d 3x3 convolutions computed by Winograd F(m, 3): (m, output shape) %s",
+                    len(converted), sorted(set(converted)))
         return out
