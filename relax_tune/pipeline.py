@@ -85,8 +85,9 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
     ``winograd.MIN_SIZE`` pixels a side, with bound weights, are computed by Winograd
     F(4x4, 3x3), or F(2x2, 3x3) on maps under ``winograd.SMALL_TILE_BELOW`` pixels
     (``relax_tune.lowering.winograd``): the input transform's kernel, a batched GEMM with
-    4x (2.25x) fewer multiplications than the convolution, and the output transform. ``False`` keeps the convolutions;
-    the tasks differ, so a work_dir tuned one way does not serve the other.
+    4x (2.25x) fewer multiplications than the convolution, and the output transform.
+    ``False`` keeps the convolutions; the tasks differ, so a work_dir tuned one way does not
+    serve the other.
 
     ``int8``: in a quantized model (QDQ: ONNX Runtime's static quantizer), the convolutions
     and matmuls between dequantize and quantize are computed in integers, u8/s8 operands

@@ -296,8 +296,9 @@ def test_thrashes_l1_finds_a_strided_walk_that_evicts_its_own_lines():
     """BERT's key, transposed by one inlined loop (session 24): its inner loop read 128 rows
     1 KiB apart, 128 lines that fall into 4 of the L1's 64 sets, and ran slower than the
     untuned copies. The indices divide and take remainders, as inlined reshapes leave them.
-    Rows 768 bytes apart reach 16 sets, which hold the 128 lines; so does the walk along a row; and a
-    candidate that thrashes passes where the untuned function thrashes too."""
+    Rows 768 bytes apart reach 16 sets, which hold the 128 lines; the walk along a row does
+    not thrash; and a candidate that thrashes passes where the untuned function thrashes
+    too."""
     def transposed(cols: int, inner: str) -> tvm.s_tir.Schedule:
         x = te.placeholder((128, cols), "float32", name="x")
         heads = cols // 64

@@ -11,8 +11,9 @@ read straight from the padded input.
 ``input_transform_func`` writes that kernel for one shape: parallel over tiles, a loop over
 channel groups of one SIMD register each, and in its body the 36 vector loads of the tile,
 ``B^T d`` and ``(B^T d) B`` as vector expressions (explicit ``Ramp`` vectors, built with
-TVM's IR builder: parsing the same function as TVMScript took 2.8 s), and the 36 stores. It is marked
-``tirx.is_scheduled`` and opaque, so neither the search nor ``FuseOps`` touch it.
+TVM's IR builder: parsing the same function as TVMScript took 2.8 s), and the 36 stores.
+It is marked ``tirx.is_scheduled`` and opaque, so neither the search nor ``FuseOps`` touch
+it.
 """
 
 from __future__ import annotations
@@ -80,4 +81,3 @@ def input_transform_func(padded_shape: tuple[int, int, int, int], tiles: tuple[i
                                     T.buffer_store(v, _combination(b_t[b], t[a], lanes),
                                                    [a * alpha + b, p, vec])
     return builder.get().without_attr("global_symbol")  # the module names it
-

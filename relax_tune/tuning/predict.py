@@ -151,7 +151,8 @@ def thrashes_l1(sch: Schedule) -> bool:
     lines in 4 sets: 24.6 us against 17.3 untuned, whose copies read 256 bytes apart.)"""
     for block in A.collect_blocks(sch):
         loops = [lp for lp in A.loops_of(sch, block)
-                 if A.loop_kind(sch, lp) != A.FOR_VECTORIZED and (A.loop_extent(sch, lp) or 0) > 1]
+                 if A.loop_kind(sch, lp) != A.FOR_VECTORIZED
+                 and (A.loop_extent(sch, lp) or 0) > 1]
         if not loops:
             continue
         extent = A.loop_extent(sch, loops[-1])
