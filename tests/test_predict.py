@@ -185,7 +185,7 @@ def test_no_measurement_compile_dispatches_dynamic_functions_on_predicted_schedu
 def _odd_channel_conv():
     """A 3x3 convolution with bias and ReLU on 116 channels (ShuffleNetV2's): 116 is no
     whole number of vectors on any CPU this runs on. (A 1x1 one becomes a matmul,
-    graph.PointwiseConvToMatmul; on 14x14 and more, Winograd.)"""
+    graph.PointwiseConvToMatmul; on 7x7 and more, Winograd unless ``winograd=False``.)"""
     from tvm.relax.frontend import nn
     from tvm.relax.frontend.nn import op
 
@@ -222,7 +222,8 @@ def test_an_odd_channel_convolution_is_predicted_on_whole_vectors(target, tmp_pa
     registers instead, and computes correctly."""
     mod, _ = _odd_channel_conv()
     _, weights = split_inputs(mod, model_inputs(mod))
-    lowered = rt.transform.lower_for_tuning(mod, target, weights, cpu_weight_prepack=True)
+    lowered = rt.transform.lower_for_tuning(mod, target, weights, cpu_weight_prepack=True,
+                                            winograd=False)
     (task,) = [t for t in rt.extract_tasks(lowered, target) if "conv2d" in t.task_name]
     (report,) = rt.tune_tasks([task], str(tmp_path), measure=False, seed=0)
     sch = WorkDir(str(tmp_path)).open_predicted().query_schedule(task.mod, target)
