@@ -17,16 +17,23 @@ def constant(expr: relax.Expr) -> np.ndarray | None:
     return None
 
 
-def rewrite_functions(mod: tvm.IRModule, pattern, rewrite) -> tvm.IRModule:
+def rewrite_functions(mod: tvm.IRModule, pattern, rewrite,
+                      builder: relax.BlockBuilder | None = None) -> tvm.IRModule:
     """``mod`` with ``rewrite_call(pattern, rewrite, ...)`` applied to every Relax function
-    (``mod`` itself, not a copy, when nothing matched)."""
-    out = mod
+    (``mod`` itself, not a copy, when nothing matched). With ``builder`` (a BlockBuilder
+    over ``mod`` that ``rewrite`` adds functions to) the result holds those too."""
+    changed = {}
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
             new = rewrite_call(pattern, rewrite, func)
             if not new.same_as(func):
-                out = out.clone() if out is mod else out  # update_func mutates in place
-                out.update_func(gv, new)
+                changed[gv] = new
+    if not changed:
+        return mod
+    out = mod if builder is None else builder.get()
+    out = out.clone() if out.same_as(mod) else out  # update_func mutates in place
+    for gv, new in changed.items():
+        out.update_func(gv, new)
     return out
 
 

@@ -42,9 +42,9 @@ import math
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, wildcard
 
-from .rewrite import constant
+from .rewrite import constant, rewrite_functions
 from .winograd_kernels import input_transform_func
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ def winograd_conv2d(x: relax.Expr, w_ohwi: np.ndarray, m: int = TILE,
     k = w_ohwi.shape[0]
     alpha = m + 2
     a_mat, b_mat, _ = transform_matrices(m)
-    rows, th, tw = _tile_indices(n, h, wd, m)
+    th, tw = math.ceil(h / m), math.ceil(wd / m)
     p = n * th * tw
     hp, wp = th * m + 2, tw * m + 2
     f32 = "float32"
@@ -152,6 +152,7 @@ def winograd_conv2d(x: relax.Expr, w_ohwi: np.ndarray, m: int = TILE,
         v = relax.call_tir(builder.add_func(func, "winograd_input_transform"), [padded],
                            relax.TensorType([alpha * alpha, p, c], f32))
     else:
+        rows, _, _ = _tile_indices(n, h, wd, m)
         # "clip": the indices are in bounds; TVM's "fast" mode would log a warning per kernel
         tiles = relax.op.take(relax.op.reshape(padded, [n * hp * wp, c]), relax.const(rows),
                               axis=0, mode="clip")  # (alpha^2 * P, C)
@@ -206,19 +207,9 @@ class WinogradConvolutions:
             converted.append((m, shape))
             return winograd_conv2d(matches[x], weight, m, builder, self.lanes)
 
-        changed = {}
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                new = rewrite_call(pattern, rewrite, func)
-                if not new.same_as(func):
-                    changed[gv] = new
+        out = rewrite_functions(mod, pattern, rewrite, builder)
         if not converted:
             return mod
-        out = builder.get()
-        if out.same_as(mod):  # no kernel added (the matmul way): update_func mutates
-            out = mod.clone()
-        for gv, func in changed.items():
-            out.update_func(gv, func)
         logger.info("%d 3x3 convolutions computed by Winograd F(m, 3): (m, output shape) %s",
                     len(converted), sorted(set(converted)))
         return out

@@ -40,6 +40,7 @@ each of four such tasks (docs/results/zen3-epyc.md, session 20).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -188,16 +189,14 @@ def _accept_on(task):
     """The check a predicted candidate of ``task`` must pass: whole vectors, and for one that
     does not tile for reuse also ``safe_untiled``."""
     vector_bytes = target_params(task.target).vector_bytes
-    untuned_thrashes: list[bool] = []  # read once, at the first untiled candidate
+    # read once, at the first untiled candidate
+    untuned_thrashes = functools.cache(lambda: thrashes_l1(Schedule(task.mod)))
 
     def accept(cand) -> bool:
         if not all(whole_vectors(f, vector_bytes) for f in _prim_funcs(cand.sch.mod)):
             return False
-        if tiles_for_reuse(cand.trace_json):
-            return True
-        if not untuned_thrashes:
-            untuned_thrashes.append(thrashes_l1(Schedule(task.mod)))
-        return safe_untiled(cand.sch, vector_bytes, untuned_thrashes[0])
+        return (tiles_for_reuse(cand.trace_json)
+                or safe_untiled(cand.sch, vector_bytes, untuned_thrashes()))
     return accept
 
 
