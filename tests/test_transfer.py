@@ -234,19 +234,25 @@ def _tiles(trace) -> list[list[int]]:
 
 
 def test_a_register_tile_grown_past_the_registers_falls_back_to_one_that_fits(target, tmp_path):
-    """Rows of two vectors filling the register budget at 2s rows (s rows a tile) become
+    """Rows of w vectors filling the register budget at 2s rows (s rows a tile) become
     s+1 rows at 2(s+1): past the budget, LimitRegisterTile rejects the nearest fit (it left
     MobileNetV2's heaviest 1x1 convolutions to the model's choice on a Zen 3). The
-    no-measurement compile then applies a fallback with the same cache tiles that fits."""
+    no-measurement compile then applies a fallback with the same cache tiles that fits.
+    (w: 2 on AVX2's 16 registers, 4 on AVX-512's 32, where 14 rows of 2 would be past the
+    largest innermost tile.)"""
     params = target_params(target)
-    s = (params.vector_registers - 4) // 2  # s rows of 2 vectors: the whole budget
+    budget = params.vector_registers - 4  # LimitRegisterTile's
+    vectors = 64 * 4 // params.vector_bytes  # the 64 columns, in vectors
+    w = next(w for w in range(min(params.max_vector_registers_per_loop, vectors), 0, -1)
+             if budget % w == 0 and vectors % w == 0
+             and budget // w < params.max_innermost_spatial)
+    s = budget // w  # s rows of w vectors: the whole budget
     space = space_for_target(target)
     src_mod, new_mod = _matmul(2 * s), _matmul(2 * (s + 1))
     sketch = space.generate_design_space(src_mod)[0]
     tiles = [i for i in sketch.insts if i.kind.name == "SamplePerfectTile"]
-    vectors = 64 * 4 // params.vector_bytes
     trace = sketch.with_decision(tiles[0], [2, 1, 1, s], True)
-    trace = trace.with_decision(tiles[1], [vectors // 2, 1, 1, 2], True)
+    trace = trace.with_decision(tiles[1], [vectors // w, 1, 1, w], True)
     source = space.replay(src_mod, trace)
     assert source.ok, source.error
     refitted, why = refit_trace(source.sch, new_mod)

@@ -25,9 +25,9 @@ import logging
 import numpy as np
 import tvm
 from tvm import relax, te
-from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .rewrite import constant
+from .rewrite import constant, rewrite_functions
 from ..space.cpu.amx_intrin import has_amx
 from ..space.params import target_params
 
@@ -153,19 +153,10 @@ class ColumnsForFewChannels:
         """``mod`` with those convolutions on columns."""
         builder = relax.BlockBuilder(mod)
         pattern = is_op("relax.nn.conv2d")(wildcard(), is_const())
-        changed = {}
-        functions = len(mod.functions)
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                new = rewrite_call(pattern, lambda e, _m: _rewrite(e, builder, self.group_bytes),
-                                   func)
-                if not new.same_as(func):
-                    changed[gv] = new
-        out = builder.get()
-        if not changed or len(out.functions) == functions:
+        out = rewrite_functions(mod, pattern,
+                                lambda e, _m: _rewrite(e, builder, self.group_bytes), builder)
+        added = len(out.functions) - len(mod.functions)
+        if not added:
             return mod  # nothing on columns (rewrite_call may rebuild a function unchanged)
-        for gv, func in changed.items():
-            out.update_func(gv, func)
-        logger.info("convolutions of few channels on im2col columns in %d function(s)",
-                    len(changed))
+        logger.info("convolutions of few channels on im2col columns: %d kernel(s)", added)
         return out
