@@ -238,8 +238,9 @@ def test_a_register_tile_grown_past_the_registers_falls_back_to_one_that_fits(ta
     s+1 rows at 2(s+1): past the budget, LimitRegisterTile rejects the nearest fit (it left
     MobileNetV2's heaviest 1x1 convolutions to the model's choice on a Zen 3). The
     no-measurement compile then applies a fallback with the same cache tiles that fits.
-    (w: 2 on AVX2's 16 registers, 4 on AVX-512's 32, where 14 rows of 2 would be past the
-    largest innermost tile.)"""
+    (w: the most vectors a loop may hold that divide the budget with rows under the largest
+    innermost tile: 3 rows of 4 on AVX2's 16 registers, 7 of 4 on AVX-512's 32, where 14
+    rows of 2 would be past that tile.)"""
     params = target_params(target)
     budget = params.vector_registers - 4  # LimitRegisterTile's
     vectors = 64 * 4 // params.vector_bytes  # the 64 columns, in vectors
