@@ -15,7 +15,8 @@ from relax_tune.measure import LocalBuilder, LocalRunner
 from relax_tune.testing.models import conv_net, model_inputs, split_inputs, transformer_block
 from relax_tune.testing.workloads import matmul_mod
 from relax_tune.space.params import target_params
-from relax_tune.tuning.predict import (MIN_TILED_FLOPS, MIN_UNTILED_ITERATIONS, safe_untiled,
+from relax_tune.tuning.predict import (MIN_TILED_FLOPS, MIN_UNTILED_ITERATIONS,
+                                       leaves_nothing_to_vectorise, safe_untiled,
                                        thrashes_l1, tiles_for_reuse, unrolls_inner_reduction,
                                        whole_vectors, work_iterations)
 from relax_tune.utils import trace_to_json
@@ -318,6 +319,31 @@ def test_thrashes_l1_finds_a_strided_walk_that_evicts_its_own_lines():
     assert safe_untiled(transposed(256, "s"), 32, untuned_thrashes=True)
     assert not thrashes_l1(transposed(192, "s"))  # 768 bytes apart: 16 sets hold 128 lines
     assert not thrashes_l1(transposed(256, "d"))
+
+
+def test_a_schedule_that_leaves_nothing_to_vectorise_is_refused():
+    """ResNet-18's 7x7x512 Winograd epilogue, predicted as one parallel loop over every
+    element with no vector loop (session 25: 39.9 us against 13.4 untuned, whose innermost
+    512 channels LLVM vectorises): refused. With the channels left as an inner loop, or
+    vectorised, it is not; nor is a row narrower than a register."""
+    def epilogue(channels: int, fuse: int, vectorise: bool = False) -> tvm.s_tir.Schedule:
+        x = te.placeholder((4, 2 * 2 * 4 * 4 * channels // 4), "float32", name="x")
+        y = te.compute((1, 7, 7, channels), lambda n, h, w, c: te.max(
+            x[(h % 2) * 2 + w % 2, ((h // 2) * 4 + w // 2) * channels + c], 0.0), name="y")
+        sch = tvm.s_tir.Schedule(_te_mod(x, y))
+        loops = sch.get_loops(sch.get_sblock("y"))
+        fused = sch.fuse(*loops[:fuse])
+        sch.parallel(fused)
+        if vectorise:
+            sch.vectorize(sch.get_loops(sch.get_sblock("y"))[-1])
+        return sch
+
+    assert leaves_nothing_to_vectorise(epilogue(512, 4), 32)
+    assert not safe_untiled(epilogue(512, 4), 32)
+    assert not leaves_nothing_to_vectorise(epilogue(512, 3), 32)  # the channels inner
+    assert safe_untiled(epilogue(512, 3), 32)
+    assert not leaves_nothing_to_vectorise(epilogue(512, 3, vectorise=True), 32)
+    assert not leaves_nothing_to_vectorise(epilogue(4, 4), 32)  # 16-byte rows
 
 
 def test_work_iterations_counts_what_a_task_computes_not_its_largest_tensor():

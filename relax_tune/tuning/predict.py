@@ -135,6 +135,28 @@ def unrolls_inner_reduction(sch: Schedule, vector_bytes: int) -> bool:
     return False
 
 
+def leaves_nothing_to_vectorise(sch: Schedule, vector_bytes: int) -> bool:
+    """Whether a schedule with no vector loop fuses a block's loops into its parallel loop
+    down to the last one, where the block writes rows of at least one register: no inner
+    loop is left for LLVM's loop vectoriser, which vectorises the untuned function's.
+    ResNet-18's 7x7x512 Winograd epilogue (the tiles back to NHWC, cropped, the residual,
+    ReLU) ran so as one parallel loop of 25,088 scalar steps, each dividing its way
+    through the reshapes: 39.9 us against 13.4 untuned (Zen 4, docs/results/zen4-epyc.md)."""
+    if any(_vector_sizes(f) for f in _prim_funcs(sch.mod)):
+        return False
+    for block in A.collect_blocks(sch):
+        loops = A.loops_of(sch, block)
+        if not loops or int(A.node(sch, loops[-1]).kind) != A.FOR_PARALLEL:
+            continue
+        writes = A.node(sch, block).writes
+        shape = getattr(writes[0].source, "shape", None) if writes else None
+        row = shape[-1] if shape else None
+        if isinstance(row, tirx.IntImm) and \
+                int(row) * widest_element(A.node(sch, loops[-1]).body) >= vector_bytes:
+            return True
+    return False
+
+
 CACHE_LINE = 64
 L1_SETS = 64
 """An L1 data cache indexed within a 4 KiB page holds 64 sets of 64-byte lines, whatever its
@@ -169,15 +191,18 @@ def thrashes_l1(sch: Schedule) -> bool:
 
 def safe_untiled(sch: Schedule, vector_bytes: int, untuned_thrashes: bool = False) -> bool:
     """Whether an unmeasured schedule of a task that does not tile for reuse keeps clear of
-    the three ways such schedules ran slower than the untuned function: a vector narrower
+    the four ways such schedules ran slower than the untuned function: a vector narrower
     than one SIMD register (ResNet-18's input NCHW -> NHWC transpose vectorised its 3
     channels, read 224 x 224 floats apart: 26.0 us against 19.7 untuned), an innermost
     reduction unrolled explicitly (ViT's mask reduction over 197, unrolled whole: 30.6 us
-    against 17.7) (docs/results/zen3-epyc.md, session 23), and a walk that evicts its own
+    against 17.7) (docs/results/zen3-epyc.md, session 23), a walk that evicts its own
     lines from L1 where the untuned function's does not (``thrashes_l1``; where both do,
-    the parallel schedule still won: ViT's transposed key, 15.6 us against 39.4 untuned)."""
+    the parallel schedule still won: ViT's transposed key, 15.6 us against 39.4 untuned),
+    and no vector loop with no inner loop left for LLVM's vectoriser either
+    (``leaves_nothing_to_vectorise``)."""
     return (all(size >= vector_bytes for f in _prim_funcs(sch.mod) for size in _vector_sizes(f))
             and not unrolls_inner_reduction(sch, vector_bytes)
+            and not leaves_nothing_to_vectorise(sch, vector_bytes)
             and (untuned_thrashes or not thrashes_l1(sch)))
 
 
