@@ -67,14 +67,6 @@ _MAX_CHALLENGES = 4
 """Head-to-heads per batch at most (later would-be bests keep their own timing)."""
 
 
-def _reference_key(task, info) -> tuple:
-    """The key of a task's untuned outputs in the correctness check's cache: its name and
-    its arguments. Tasks of separately extracted modules can share a name ("main"): keyed by
-    the name alone, six matmuls of 320-400 rows were checked against one's outputs and every
-    candidate of the others was recorded as failed."""
-    return task.task_name, str(info)
-
-
 @dataclass
 class Incumbent:
     """What the protocol keeps of one task between its batches (the tuner holds one per task
@@ -191,7 +183,7 @@ class Measurer:
                   if t is None and builds[i].error != ERROR_NOT_BUILT):
             runs[i] = self._time_baseline(task, info, artifacts[i])
         if cands and self.checker is not None:  # wrong would-be bests fail
-            screened = self.checker.screen(_reference_key(task, info), task.mod, task.target, info,
+            screened = self.checker.screen(task.task_name, task.mod, task.target, info,
                                            [artifacts[i] for i in cands],
                                            [runs[i] for i in cands], best_secs)
             for i, run in zip(cands, screened):
@@ -246,8 +238,8 @@ class Measurer:
                 screened = False
                 continue
             if not screened and self.checker is not None:
-                error = self.checker.check(_reference_key(task, info), task.mod, task.target,
-                                           info, artifacts[i])  # type: ignore[arg-type]
+                error = self.checker.check(task.task_name, task.mod, task.target, info,
+                                           artifacts[i])  # type: ignore[arg-type]
                 if error is not None:
                     logger.warning("%s: candidate %d is recorded as failed: %s",
                                    task.task_name, i, error)
@@ -297,8 +289,7 @@ class Measurer:
                     return RunResult(None, str(err))
                 logger.debug("untuned function failed its first call: %s", err)  # timed below
             else:
-                self.checker.use_reference(_reference_key(task, info), task.mod, target, info,
-                                           artifact)
+                self.checker.use_reference(task.task_name, task.mod, target, info, artifact)
                 if secs > _BASELINE_ONE_CALL_SECS:
                     return RunResult([secs], None)
         return self.runner.run([artifact], info, target, max_secs=_BASELINE_ONE_CALL_SECS)[0]

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..utils import structural_hash
 from .base import Builder, MeasureError, Runner, RunResult, short_error
 
 logger = logging.getLogger("relax_tune.measure.verify")
@@ -72,7 +73,9 @@ class CorrectnessChecker:
     """Checks candidates of tasks against their untuned functions (see the module doc).
 
     The untuned function of a task is built once with ``builder`` and its outputs fetched once
-    with ``runner`` (cached by the task key); a task whose untuned function cannot be built or
+    with ``runner`` (cached by the workload's structural hash: tasks of separately extracted
+    modules share a name, "main", and by the name alone six matmuls of 320-400 rows were
+    checked against one's outputs, every candidate of the others failed); a task whose untuned function cannot be built or
     run is not checked (logged once). ``seed`` picks the inputs (the same for both sides).
     """
 
@@ -83,15 +86,16 @@ class CorrectnessChecker:
                             "to check results (pass check_correctness=False)")
         self.builder, self.runner = builder, runner
         self.seed, self.rtol, self.atol = int(seed), float(rtol), float(atol)
-        self._reference: dict[Any, list[np.ndarray] | None] = {}
+        self._reference: dict[int, list[np.ndarray] | None] = {}  # by structural hash
         self.checked = 0
         self.wrong = 0
 
     def reference(self, key: Any, mod: Any, target: Any, args_info: list
                   ) -> list[np.ndarray] | None:
         """The arguments after one call of the untuned ``mod`` (cached), or None."""
-        if key in self._reference:
-            return self._reference[key]
+        cached = structural_hash(mod)
+        if cached in self._reference:
+            return self._reference[cached]
         ref = None
         build = self.builder.build(mod, target, [None])[0]
         if not build.ok:
@@ -105,7 +109,7 @@ class CorrectnessChecker:
                 logger.warning("%s: the untuned function does not run (%s); its candidates "
                                "are not checked", key, err)
             self.builder.discard([build.artifact_path])
-        self._reference[key] = ref
+        self._reference[cached] = ref
         return ref
 
     def use_reference(self, key: Any, mod: Any, target: Any, args_info: list,
@@ -114,10 +118,11 @@ class CorrectnessChecker:
         already (the tuner builds it with the task's first batch), instead of building it
         again; nothing changes when the reference is known or ``artifact`` fails to run (it
         is built and run again when first needed)."""
-        if self._reference.get(key) is not None:
+        cached = structural_hash(mod)
+        if self._reference.get(cached) is not None:
             return
         try:
-            self._reference[key] = self.runner.run_and_fetch(artifact, args_info, target,
+            self._reference[cached] = self.runner.run_and_fetch(artifact, args_info, target,
                                                               seed=self.seed)
         except MeasureError as err:
             logger.debug("%s: the untuned function's outputs: %s", key, err)

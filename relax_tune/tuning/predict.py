@@ -146,13 +146,13 @@ def leaves_nothing_to_vectorise(sch: Schedule, vector_bytes: int) -> bool:
         return False
     for block in A.collect_blocks(sch):
         loops = A.loops_of(sch, block)
-        if not loops or int(A.node(sch, loops[-1]).kind) != A.FOR_PARALLEL:
+        inner = A.node(sch, loops[-1]) if loops else None
+        if inner is None or int(inner.kind) != A.FOR_PARALLEL:
             continue
         writes = A.node(sch, block).writes
         shape = getattr(writes[0].source, "shape", None) if writes else None
         row = shape[-1] if shape else None
-        if isinstance(row, tirx.IntImm) and \
-                int(row) * widest_element(A.node(sch, loops[-1]).body) >= vector_bytes:
+        if isinstance(row, tirx.IntImm) and int(row) * widest_element(inner.body) >= vector_bytes:
             return True
     return False
 
