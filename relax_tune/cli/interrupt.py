@@ -4,6 +4,11 @@
   already written are kept (each is appended, flushed and fsync'ed as it is measured).
 - A further press, while the command shuts its workers down, ends the process at once with
   one line (exit status 130), instead of tracebacks of the interrupted shutdown.
+- Once the command has returned, Python's own shutdown puts the default SIGINT action back
+  (the interpreter's signal finalisation): a press landing then would kill the process by
+  the signal (status -2, not 130). The exit therefore ignores SIGINT from its atexit step
+  on: the finalisation leaves an ignored signal ignored. (Blocking it would not do: the
+  mask is per thread, and TVM's pool threads would still take the signal.)
 - A terminal sends SIGINT to every process of the foreground group, the build and run
   workers included: a worker hit while it imports TVM would print a traceback of its own.
   The command line's workers therefore start with SIGINT blocked (the spawning thread
@@ -13,6 +18,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import signal
@@ -37,14 +43,21 @@ def _first_press(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _ignore_presses_while_exiting() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def stop_on_next_interrupt() -> None:
     """From now on, Ctrl-C (SIGINT) ends the process at once with exit status 130 and one
-    line on stderr. Only the main thread may set signal handlers; elsewhere nothing
-    changes."""
+    line on stderr, and is ignored once the interpreter's exit has begun (atexit runs
+    before it drops its signal handlers). Only the main thread may set signal handlers;
+    elsewhere nothing changes."""
     try:
         signal.signal(signal.SIGINT, _exit_now)
     except ValueError:  # not the main thread (main() called from a thread)
-        pass
+        return
+    atexit.unregister(_ignore_presses_while_exiting)  # registered once; the last registered runs first
+    atexit.register(_ignore_presses_while_exiting)
 
 
 def handle_interrupts() -> Callable[[], None]:
