@@ -210,19 +210,89 @@ def _prim_funcs(mod: tvm.IRModule) -> list[tirx.PrimFunc]:
     return [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
 
 
-def _accept_on(task):
-    """The check a predicted candidate of ``task`` must pass: whole vectors, and for one that
-    does not tile for reuse also ``safe_untiled``."""
+def _row_bytes(task) -> int | None:
+    """Bytes of one row (the innermost dimension) of the task's output, its last argument;
+    None where that is not a tensor of constant shape."""
+    last = task.args_info[-1] if task.args_info else None
+    if not last or last[0] != "TENSOR" or not last[2] or not isinstance(last[2][-1], int):
+        return None
+    return int(last[2][-1]) * max(1, tvm.DataType(last[1]).bits // 8)
+
+
+def _tiled_compute_vectors(func: tirx.PrimFunc) -> list[int]:
+    """Bytes of each vector loop of the scheduled ``func`` that holds a tiled block's
+    update (``ANN_TILED``): the compute's own vectors, not an epilogue's, an init's or a
+    layout copy's."""
+    sizes: list[int] = []
+
+    def on_loop(loop: tirx.For) -> None:
+        if loop.kind != tirx.ForKind.VECTORIZED or not isinstance(loop.extent, tirx.IntImm):
+            return
+        if _is_tiled(loop.body):
+            sizes.append(int(loop.extent) * widest_element(loop.body))
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, on_loop)])
+    return sizes
+
+
+def _is_tiled(stmt) -> bool:
+    """Whether ``stmt`` holds a tiled block that reads (its update, not its init)."""
+    found: list = []
+    tvm_ffi.structural_walk(stmt, [(tvm.s_tir.SBlock, lambda b: found.append(b)
+                                    if ANN_TILED in b.annotations and len(b.reads) else None)])
+    return bool(found)
+
+
+def vectorises_the_compute(func: tirx.PrimFunc, vector_bytes: int, row_bytes: int | None,
+                           full: bool) -> bool:
+    """Whether the scheduled ``func``'s tiled compute runs in a vector loop (``full``: one
+    that fills a SIMD register of ``vector_bytes``, or a whole output row where rows are
+    narrower, ``row_bytes``). True for a function with no tiled block, and, unless
+    ``full``, where output rows are narrower than a register."""
+    if not _is_tiled(func.body):
+        return True
+    half = vector_bytes // 2
+    need = half if row_bytes is None else min(half, row_bytes)
+    if not full and need < half:
+        return True
+    return max(_tiled_compute_vectors(func), default=0) >= (need if full else 1)
+
+
+def _accept_on(task) -> tuple:
+    """The checks a predicted candidate of ``task`` must pass, in order of preference
+    (``best_predicted`` takes the first of the model's best that passes the first check,
+    else the second, ...):
+
+    1. whole vectors (``whole_vectors``), the tiled compute in a vector loop that fills a
+       register (``vectorises_the_compute``), and for one that does not tile for reuse
+       ``safe_untiled``;
+    2. the same with the compute's vectors narrower than a register allowed, but not
+       absent where output rows span a register (a tiled schedule that vectorises no
+       compute ran
+       ShuffleNetV2's 56x56 1x1 convolution to 58 channels in 756 us against 187 us
+       untuned, and its 3x3 depthwise ones on 2-3 float vectors 1.3x-3.8x slower than
+       untuned; AMD EPYC Zen 4, docs/results/zen4-epyc.md, session 26)."""
     vector_bytes = target_params(task.target).vector_bytes
+    row_bytes = _row_bytes(task)
     # read once, at the first untiled candidate
     untuned_thrashes = functools.cache(lambda: thrashes_l1(Schedule(task.mod)))
 
     def accept(cand) -> bool:
-        if not all(whole_vectors(f, vector_bytes) for f in _prim_funcs(cand.sch.mod)):
+        funcs = _prim_funcs(cand.sch.mod)
+        if not all(whole_vectors(f, vector_bytes) for f in funcs):
+            return False
+        if not all(vectorises_the_compute(f, vector_bytes, row_bytes, full=False)
+                   for f in funcs):
             return False
         return (tiles_for_reuse(cand.trace_json)
                 or safe_untiled(cand.sch, vector_bytes, untuned_thrashes()))
-    return accept
+
+    def prefer(cand) -> bool:
+        return accept(cand) and all(vectorises_the_compute(f, vector_bytes, row_bytes,
+                                                           full=True)
+                                    for f in _prim_funcs(cand.sch.mod))
+
+    return prefer, accept
 
 
 def work_iterations(task) -> int:
@@ -270,7 +340,7 @@ def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
             logger.warning("%s: no predicted schedule (%s)", st.report.task_name, err)
             continue
         tiled = cand is not None and tiles_for_reuse(cand.trace_json)
-        if cand is None or not (tiled or (large and accept(cand))):
+        if cand is None or not (tiled or (large and accept[-1](cand))):
             continue  # small, or no untiled candidate of the model's best is safe: untuned
         predicted.add(st.task.mod, cand.trace_json, st.task.target, st.task.args_info)
         logger.debug("%s: predicted after %d replays", st.report.task_name,
