@@ -176,6 +176,30 @@ def test_fused_epilogue_and_inlining(target, demo_tasks):
     assert all("T_add" not in n for n in names)
 
 
+def test_an_expensive_value_is_not_inlined_where_it_is_broadcast(target):
+    """A per-channel value of a long expression (a polynomial, as TVM's fast sigmoid is)
+    that scales a whole map stays its own block, computed once per channel; the cheap add
+    before it is still inlined into it."""
+    f = te.placeholder((64, 32), "float32", name="F")
+    k = te.reduce_axis((0, 64), name="k")
+    total = te.compute((32,), lambda c: te.sum(f[k, c], axis=k), name="Total")
+    q = te.compute((32,), lambda c: total[c] + 1.0, name="Q")
+
+    def poly(v):
+        out = v
+        for coef in (0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125):
+            out = out * v + coef
+        return out
+
+    p = te.compute((32,), lambda c: poly(q[c]), name="P")
+    out = te.compute((64, 32), lambda h, c: p[c] * f[h, c], name="Out")
+    mod = normalize_mod(te.create_prim_func([f, out]))
+    for sketch in generate_design_space(mod, target):
+        sch = space_for_target(target).replay(mod, without_decisions(sketch), seed=1).sch
+        names = {b.name_hint for b in _blocks(sch.mod["main"])}
+        assert "P" in names and "Q" not in names, names
+
+
 def _blocks(func):
     out = []
     tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlock, out.append)])
