@@ -35,7 +35,9 @@ piece, and such candidates took from 0.1x to 4x the untuned function's time; the
 pre-trained model cannot tell which, and ranked them first. On ShuffleNetV2's 1x1
 convolutions of 58 and 116 channels, its ten best on the 116-channel one ran 321-882 us
 against 219 us untuned; its first on whole vectors ran 1.5x-3.2x faster than untuned on
-each of four such tasks (docs/results/zen3-epyc.md, session 20).
+each of four such tasks (docs/results/zen3-epyc.md, session 20). Among those, the model's
+first whose tiled compute runs in vectors of half a register or more is preferred, then
+one whose compute is vectorised at all (``vectorises_the_compute``, ``_accept_on``).
 """
 
 from __future__ import annotations
@@ -245,10 +247,10 @@ def _is_tiled(stmt) -> bool:
 
 def vectorises_the_compute(func: tirx.PrimFunc, vector_bytes: int, row_bytes: int | None,
                            full: bool) -> bool:
-    """Whether the scheduled ``func``'s tiled compute runs in a vector loop (``full``: one
-    that fills a SIMD register of ``vector_bytes``, or a whole output row where rows are
-    narrower, ``row_bytes``). True for a function with no tiled block, and, unless
-    ``full``, where output rows are narrower than a register."""
+    """Whether the scheduled ``func``'s tiled compute runs in a vector loop (``full``: one of
+    half a SIMD register of ``vector_bytes`` or more, or of a whole output row where rows
+    are narrower, ``row_bytes``). True for a function with no tiled block, and, unless
+    ``full``, where output rows are narrower than half a register."""
     if not _is_tiled(func.body):
         return True
     half = vector_bytes // 2
@@ -263,15 +265,14 @@ def _accept_on(task) -> tuple:
     (``best_predicted`` takes the first of the model's best that passes the first check,
     else the second, ...):
 
-    1. whole vectors (``whole_vectors``), the tiled compute in a vector loop that fills a
-       register (``vectorises_the_compute``), and for one that does not tile for reuse
+    1. whole vectors (``whole_vectors``), the tiled compute in vectors of half a register
+       or more (``vectorises_the_compute``), and for one that does not tile for reuse
        ``safe_untiled``;
-    2. the same with the compute's vectors narrower than a register allowed, but not
-       absent where output rows span a register (a tiled schedule that vectorises no
-       compute ran
-       ShuffleNetV2's 56x56 1x1 convolution to 58 channels in 756 us against 187 us
-       untuned, and its 3x3 depthwise ones on 2-3 float vectors 1.3x-3.8x slower than
-       untuned; AMD EPYC Zen 4, docs/results/zen4-epyc.md, session 26)."""
+    2. the same with narrower vectors allowed, but not none where output rows span half a
+       register. A tiled schedule that vectorised no compute ran ShuffleNetV2's 56x56
+       1x1 convolution to 58 channels in 756 us against 187 us untuned (103 us now), and
+       one on 2-float vectors its 116-channel depthwise one in 72 against 18 us (18 now;
+       AMD EPYC Zen 4, docs/design/time-budget.md)."""
     vector_bytes = target_params(task.target).vector_bytes
     row_bytes = _row_bytes(task)
     # read once, at the first untiled candidate
