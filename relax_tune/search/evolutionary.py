@@ -445,8 +445,7 @@ class EvolutionarySearch(SearchStrategy):
         the closest transferred one of a machine of this class within ``MAX_APPLY_DISTANCE``
         that kept ``MIN_APPLY_KEPT`` of its tiles, else the model's first (the pool grown
         first, as ``prepare``), or the first of its ``lookahead`` best that passes
-        ``accept`` where one does (``accept``: a check, or checks in order of preference,
-        each tried on all ``lookahead`` before the next). None when there is neither."""
+        ``accept`` (a check, or checks by preference) where one does. None if neither."""
         ranks = getattr(self.model, "ranks", None)
         model_ranks = ranks is not None and ranks(self.task)
         if not self._tunable or not (model_ranks or self.context.transfer is not None):
@@ -467,9 +466,8 @@ class EvolutionarySearch(SearchStrategy):
         entries = [e for e in self._pool.values() if e.cand.key not in exclude]
         entries = [e for e in entries if e.cand.key not in unfit] or entries
         ranked = [e.cand for e in sorted(entries, key=lambda e: -e.score)]
-        checks = [] if accept is None else [accept] if callable(accept) else list(accept)
-        best = next((c for check in checks for c in ranked[:lookahead] if check(c)), None)
-        best = best or (ranked[0] if ranked else None)
+        checks = [accept] if callable(accept) else list(accept or ())
+        best = next((c for f in checks for c in ranked[:lookahead] if f(c)), (ranked or [None])[0])
         self._predicted_key = best.key if best is not None else None
         return best
 

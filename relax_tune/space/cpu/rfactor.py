@@ -63,9 +63,10 @@ class AddRFactor(ScheduleRule):
             and reduces_across_rows(sch, block)
 
     def apply(self, sch: Schedule, block: SBlockRV) -> list[Schedule]:
-        """The column sketch alone for a reduction across rows (``needs_column_rfactor``;
-        the block unchanged and the row sketches read one element per cache line there);
-        else ``[sch]`` plus up to two row sketches (``needs_rfactor``)."""
+        """The column and channel sketches alone for a reduction across rows
+        (``needs_column_rfactor``; the block unchanged and the row sketches read one element
+        per cache line there); else ``[sch]`` plus up to two row sketches
+        (``needs_rfactor``)."""
         if self.needs_column_rfactor(sch, block):
             column = [sk for sk in (self._column_sketch(sch.copy(), block),
                                     self._channel_sketch(sch.copy(), block)) if sk is not None]
@@ -81,12 +82,9 @@ class AddRFactor(ScheduleRule):
         name = sch.get(block).name_hint
         base = sch.copy()
         try:
-            loops = base.get_loops(block)
-            kinds = [A.loop_iter_type(base, lp) for lp in loops]
+            kinds, spatial, reduce = _loops_by_kind(base, block)
             if any(k not in ("S", "R") for k in kinds):
                 return []
-            spatial = [lp for lp, k in zip(loops, kinds) if k == "S"]
-            reduce = [lp for lp, k in zip(loops, kinds) if k == "R"]
             if kinds != ["S"] * len(spatial) + ["R"] * len(reduce):
                 base.reorder(*spatial, *reduce)
             fused = base.fuse(*reduce) if len(reduce) > 1 else reduce[0]
@@ -114,10 +112,7 @@ class AddRFactor(ScheduleRule):
         one loop, not the fused reduction, keeps the input's indices linear for the
         vectoriser."""
         try:
-            loops = sch.get_loops(block)
-            kinds = [A.loop_iter_type(sch, lp) for lp in loops]
-            reduce = [lp for lp, k in zip(loops, kinds) if k == "R"]
-            spatial = [lp for lp, k in zip(loops, kinds) if k == "S"]
+            _, spatial, reduce = _loops_by_kind(sch, block)
             extent = A.loop_extent(sch, reduce[0])
             counts = [n for n in range(self.params.num_cores, self.params.max_parallel_extent + 1)
                       if extent and n > 1 and extent % n == 0]
@@ -132,18 +127,14 @@ class AddRFactor(ScheduleRule):
             logger.debug("no column rfactor for %s: %s", sch.get(block).name_hint, err)
             return None
 
-
     def _channel_sketch(self, sch: Schedule, block: SBlockRV) -> Schedule | None:
         """The innermost spatial loop split into chunks of a sampled whole number of
         registers, the reduction loops between the chunks and their lanes: the cores take
         chunks of channels, each summing its chunk of every row in a vector loop, with no
-        partial sums to add. Where rows are few and channels many (a 7x7x1152 mean) the
-        column sketch's parts are too little work for a thread each."""
+        partial sums to add (the column sketch adds its parts' sums in a second pass over the
+        channels)."""
         try:
-            loops = sch.get_loops(block)
-            kinds = [A.loop_iter_type(sch, lp) for lp in loops]
-            reduce = [lp for lp, k in zip(loops, kinds) if k == "R"]
-            spatial = [lp for lp, k in zip(loops, kinds) if k == "S"]
+            _, spatial, reduce = _loops_by_kind(sch, block)
             extent = A.loop_extent(sch, spatial[-1]) if spatial else None
             lanes = self.params.lanes(A.write_dtype(sch, block))
             widths = [w for w in range(lanes, 4 * lanes + 1, lanes)
@@ -157,6 +148,15 @@ class AddRFactor(ScheduleRule):
         except Exception as err:  # noqa: BLE001 - a primitive refused: no channel sketch
             logger.debug("no channel sketch for %s: %s", sch.get(block).name_hint, err)
             return None
+
+
+def _loops_by_kind(sch: Schedule, block: SBlockRV) -> tuple[list[str], list, list]:
+    """``(kinds, spatial loops, reduction loops)`` of ``block``'s loops, outermost first
+    ("S", "R" or another iterator kind per loop)."""
+    loops = sch.get_loops(block)
+    kinds = [A.loop_iter_type(sch, lp) for lp in loops]
+    return (kinds, [lp for lp, k in zip(loops, kinds) if k == "S"],
+            [lp for lp, k in zip(loops, kinds) if k == "R"])
 
 
 def _plain_reduction_extents(sch: Schedule, block: SBlockRV) -> tuple[int, int] | None:
