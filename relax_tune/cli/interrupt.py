@@ -56,7 +56,8 @@ def stop_on_next_interrupt() -> None:
         signal.signal(signal.SIGINT, _exit_now)
     except ValueError:  # not the main thread (main() called from a thread)
         return
-    atexit.unregister(_ignore_presses_while_exiting)  # registered once; the last registered runs first
+    # once, and last: atexit runs the last registered first
+    atexit.unregister(_ignore_presses_while_exiting)
     atexit.register(_ignore_presses_while_exiting)
 
 
