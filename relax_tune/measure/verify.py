@@ -73,10 +73,11 @@ class CorrectnessChecker:
     """Checks candidates of tasks against their untuned functions (see the module doc).
 
     The untuned function of a task is built once with ``builder`` and its outputs fetched once
-    with ``runner`` (cached by the workload's structural hash: tasks of separately extracted
-    modules share a name, "main", and by the name alone six matmuls of 320-400 rows were
-    checked against one's outputs, every candidate of the others failed); a task whose untuned function cannot be built or
-    run is not checked (logged once). ``seed`` picks the inputs (the same for both sides).
+    with ``runner``, cached by the workload's structural hash (tasks of separately extracted
+    modules share a name, "main": by the name alone six matmuls of 320-400 rows were checked
+    against one's outputs, and every candidate of the others failed). A task whose untuned
+    function cannot be built or run is not checked (logged once). ``seed`` picks the inputs
+    (the same for both sides).
     """
 
     def __init__(self, builder: Builder, runner: Runner, seed: int = 7, rtol: float = 1e-3,

@@ -55,7 +55,7 @@ from tvm.s_tir import Schedule
 
 from ..database.predicted import PredictedSchedules
 from ..space import analysis as A
-from ..space.params import ANN_TILED, target_params
+from ..space.params import ANN_TILED, dtype_bytes, target_params
 from ..space.verify import widest_element
 from ..utils import trace_to_json
 from .state import TaskState
@@ -218,7 +218,7 @@ def _row_bytes(task) -> int | None:
     last = task.args_info[-1] if task.args_info else None
     if not last or last[0] != "TENSOR" or not last[2] or not isinstance(last[2][-1], int):
         return None
-    return int(last[2][-1]) * max(1, tvm.DataType(last[1]).bits // 8)
+    return int(last[2][-1]) * dtype_bytes(last[1])
 
 
 def _tiled_compute_vectors(func: tirx.PrimFunc) -> list[int]:
@@ -277,8 +277,14 @@ def _accept_on(task) -> tuple:
     row_bytes = _row_bytes(task)
     # read once, at the first untiled candidate
     untuned_thrashes = functools.cache(lambda: thrashes_l1(Schedule(task.mod)))
+    accepted: dict[str, bool] = {}  # by candidate: ``prefer`` asks first, then the fallback
 
     def accept(cand) -> bool:
+        if cand.key not in accepted:
+            accepted[cand.key] = _acceptable(cand)
+        return accepted[cand.key]
+
+    def _acceptable(cand) -> bool:
         funcs = _prim_funcs(cand.sch.mod)
         if not all(whole_vectors(f, vector_bytes) for f in funcs):
             return False
