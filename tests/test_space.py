@@ -41,6 +41,23 @@ def conv2d_nchw(n=1, c=8, h=14, w=14, f=16, kh=3, kw=3, pad=1):
     return normalize_mod(te.create_prim_func([x, wt, y])), ref
 
 
+def group_conv2d_nhwc(h=8, w=8, c=64, group=16, k=3):
+    """A 3x3 convolution of ``group``-channel groups over NHWC (RegNet's): TOPI reads the
+    input at ``ff // group * group + rc``, not linear in the output channel ``ff``."""
+    x = te.placeholder((1, h, w, c), "float32", name="X")
+    wt = te.placeholder((k, k, group, c), "float32", name="W")
+    y = topi.nn.group_conv2d_nhwc(x, wt, 1, k // 2, 1, c // group)
+
+    def ref(xv, wv):
+        xp = np.pad(xv, ((0, 0), (k // 2, k // 2), (k // 2, k // 2), (0, 0)))
+        win = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(1, 2))
+        win = win.reshape(1, h, w, c // group, group, k, k)  # n y x g rc i j
+        wg = wv.reshape(k, k, group, c // group, group)  # i j rc g f
+        return np.einsum("nyxgcij,ijcgf->nyxgf", win, wg).reshape(1, h, w, c)
+
+    return normalize_mod(te.create_prim_func([x, wt, y])), ref
+
+
 def softmax(n=16, m=64):
     x = te.placeholder((n, m), "float32", name="X")
     y = topi.nn.softmax(x, axis=-1)
@@ -96,6 +113,7 @@ TE_WORKLOADS = {
     "matmul64": lambda: matmul(64),
     "matmul_odd": lambda: matmul(48, 40, 56),
     "conv2d_nchw_pad": conv2d_nchw,
+    "group_conv2d_nhwc": group_conv2d_nhwc,
     "softmax": softmax,
     "layer_norm": layer_norm,
     "elementwise_chain": elementwise_chain,
@@ -426,6 +444,23 @@ def test_a_reduction_across_rows_sums_contiguous_rows_in_parallel(target):
             assert 1 in kinds and 2 in kinds  # a parallel loop and a vector loop
             np.testing.assert_allclose(run(out.sch.mod, target, ins, out_spec), ref(*ins),
                                        rtol=1e-4, atol=1e-3)
+
+
+def test_a_grouped_convolution_vectorises_its_output_channels(target):
+    """The group axis of a grouped convolution becomes an iter of its own in every sketch,
+    so a group's output channels are linear in the input's index: every candidate runs
+    the tiled compute in a vector loop (their results: ``TE_WORKLOADS``)."""
+    from relax_tune.tuning.predict import vectorises_the_compute
+
+    mod, _ = group_conv2d_nhwc()
+    sketches = generate_design_space(mod, target)
+    assert all(any(i.kind.name == "TransformBlockLayout" for i in s.insts) for s in sketches)
+    vector_bytes = target_params(target).vector_bytes
+    cands = ReplaySearch(mod, target, seed=5).next_candidates(6)
+    assert len(cands) == 6
+    for cand in cands:
+        assert vectorises_the_compute(cand.sch.mod["main"], vector_bytes, 64 * 4, full=False), \
+            str(cand.sch.trace)
 
 
 def test_random_compute_location_moves_the_pad_block(target):

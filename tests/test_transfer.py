@@ -387,3 +387,26 @@ def test_a_split_into_whole_vectors_does_not_carry_over_to_an_extent_it_leaves_a
     assert refitted is None and "a loop of 58 split by [None, 8] leaves a remainder" in why
     refitted, why = refit_trace(source, matmul_mod(128))
     assert refitted is not None, why
+
+
+
+def test_a_transferred_schedule_that_fails_the_transfer_check_is_not_applied(
+        target, tmp_path, monkeypatch):
+    """The no-measurement compile applies a close transferred schedule only where it passes
+    ``predict._transfer_fits`` (it vectorises this task's compute: a depthwise
+    convolution's schedule on RegNetX's grouped one vectorised none, 840 us a call against
+    55): refused, the task gets the model's choice instead."""
+    from relax_tune.tuning import predict
+
+    wd = str(tmp_path)
+    db = _tuned_source(target, wd)
+    mod = matmul_mod(128)
+    transferred = _transferred_key(db, mod, target)
+    monkeypatch.setattr(predict, "_transfer_fits", lambda task: lambda cand: False)
+    runner = CountingRunner()
+    tasks = rt.extract_tasks(mod, target)
+    (report,) = rt.tune_tasks(tasks, wd, measure=False, runner=runner)
+    assert runner.calls == 0 and report.predicted
+    (record,) = [r for r in WorkDir(wd).open_predicted().database.get_all_tuning_records()
+                 if args_info(r.workload.mod) == tasks[0].args_info]
+    assert candidate_key(record.trace_json) != transferred

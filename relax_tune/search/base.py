@@ -104,10 +104,11 @@ class SearchStrategy:
         return None
 
     def best_predicted(self, exclude: set[str] | frozenset[str] = frozenset(),
-                       accept=None, lookahead: int = 64) -> Candidate | None:
+                       accept=None, lookahead: int = 64, fits=None) -> Candidate | None:
         """The candidate the strategy's cost model ranks first, without measuring it (the
         no-measurement compile, ``tuning.predict``), preferring one of its ``lookahead``
-        best that passes ``accept``; None for a strategy without a model."""
+        best that passes ``accept``, or a transferred schedule that passes ``fits``; None
+        for a strategy without a model."""
         return None
 
     def prepare(self, exclude: set[str] | frozenset[str] = frozenset()) -> None:

@@ -440,19 +440,19 @@ class EvolutionarySearch(SearchStrategy):
         return out
 
     def best_predicted(self, exclude: set[str] | frozenset[str] = frozenset(),
-                       accept=None, lookahead: int = 64) -> Candidate | None:
+                       accept=None, lookahead: int = 64, fits=None) -> Candidate | None:
         """The schedule to apply unmeasured, left in the pool (the next call may return it):
         the closest transferred one of a machine of this class within ``MAX_APPLY_DISTANCE``
-        that kept ``MIN_APPLY_KEPT`` of its tiles, else the model's first (the pool grown
-        first, as ``prepare``), or the first of its ``lookahead`` best that passes
-        ``accept`` (a check, or checks by preference) where one does. None if neither."""
+        that kept ``MIN_APPLY_KEPT`` of its tiles and passes ``fits``, else the model's first
+        (the pool grown first, as ``prepare``), or the first of its ``lookahead`` best that
+        passes ``accept`` (a check, or checks by preference) where one does. None if neither."""
         ranks = getattr(self.model, "ranks", None)
         model_ranks = ranks is not None and ranks(self.task)
         if not self._tunable or not (model_ranks or self.context.transfer is not None):
             return None  # without a model that ranks the task, its first choice is chance
         self._add_transferred(exclude)  # the pool is not grown where one applies
         transferred = [e for e in self._transferred_entries(applicable_only=True)
-                       if e.cand.key not in exclude]
+                       if e.cand.key not in exclude and (fits is None or fits(e.cand))]
         if transferred:
             self._predicted_key = transferred[0].cand.key
             return transferred[0].cand

@@ -18,15 +18,18 @@ from .amx_intrin import has_amx
 from .int8_intrin import int8_dot_intrinsic
 from ..compute_location import RandomComputeLocation
 from .rfactor import AddRFactor
+from .group_axis import SplitGroupAxis
 from ..rule import FunctionRule, Postproc, ScheduleRule
 
 
 def cpu_rules(params: TargetParams) -> list[ScheduleRule]:
-    """The CPU schedule rules, in application order: inline elementwise producers, rfactor
+    """The CPU schedule rules, in application order: a grouped convolution's group axis made
+    an iter of its own, inline elementwise producers, rfactor
     reductions with too little spatial work, tile reductions with data reuse (with a write
     cache or fused epilogue), parallel/vectorise/unroll, then a sampled compute location
     for the blocks nothing else placed."""
     return [
+        SplitGroupAxis(),
         AutoInline(into_consumer=True, into_producer=False),
         AddRFactor(params),
         MultiLevelTiling(params, structure="SSRSRS", write_levels=(1, 2)),
