@@ -205,7 +205,8 @@ def _odd_channel_conv():
 def test_whole_vectors_tells_odd_vector_widths(target):
     mod = matmul_mod(232)  # 29 x 8
     vector_bytes = 32  # 8 floats
-    for lanes, whole in ((8, True), (16, True), (2, True), (29, False), (58, False)):
+    for lanes, whole in ((8, True), (16, True), (2, True), (12, True), (29, False),
+                         (58, False), (13, False)):
         sch = tvm.s_tir.Schedule(mod)
         i, j, k = sch.get_loops(sch.get_sblock("C"))
         outer, inner = sch.split(j, [None, lanes])
