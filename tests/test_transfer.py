@@ -68,18 +68,24 @@ def _transferred_key(db, mod, target) -> str:
     return candidate_key(trace_to_json(replayed.sch.trace))
 
 
+def _predicted_record(mod, wd: str, target):
+    """The no-measurement compile of ``mod``'s one task in ``wd`` (nothing timed): the
+    record of the schedule it chose."""
+    runner = CountingRunner()
+    tasks = rt.extract_tasks(mod, target)
+    (report,) = rt.tune_tasks(tasks, wd, measure=False, runner=runner)
+    assert runner.calls == 0 and report.predicted
+    (record,) = [r for r in WorkDir(wd).open_predicted().database.get_all_tuning_records()
+                 if r.workload.mod is not None and args_info(r.workload.mod) == tasks[0].args_info]
+    return record
+
+
 def test_no_measurement_compile_applies_the_closest_alike_schedule(target, tmp_path):
     wd = str(tmp_path)
     db = _tuned_source(target, wd)
     mod = matmul_mod(128)
     want = _transferred_key(db, mod, target)
-    runner = CountingRunner()
-    tasks = rt.extract_tasks(mod, target)
-    (report,) = rt.tune_tasks(tasks, wd, measure=False, runner=runner)
-    assert runner.calls == 0 and report.predicted
-    predicted = WorkDir(wd).open_predicted()
-    (record,) = [r for r in predicted.database.get_all_tuning_records()
-                 if r.workload.mod is not None and args_info(r.workload.mod) == tasks[0].args_info]
+    record = _predicted_record(mod, wd, target)
     assert candidate_key(record.trace_json) == want
     # the applied schedule computes the product
     sch = schedule_from_json(mod, record.trace_json)
@@ -273,12 +279,7 @@ def test_a_register_tile_grown_past_the_registers_falls_back_to_one_that_fits(ta
     db.commit_tuning_record(TuningRecord(trace_to_json(source.sch.trace),
                                          db.commit_workload(src_mod), [1e-4], target,
                                          args_info(src_mod)))
-    runner = CountingRunner()
-    (report,) = rt.tune_tasks(rt.extract_tasks(new_mod, target), wd, measure=False,
-                              runner=runner)
-    assert runner.calls == 0 and report.predicted
-    (record,) = [r for r in WorkDir(wd).open_predicted().database.get_all_tuning_records()
-                 if args_info(r.workload.mod) == args_info(new_mod)]
+    record = _predicted_record(new_mod, wd, target)
     assert _tiles(schedule_from_json(new_mod, record.trace_json).trace)[:2] == _tiles(fits[0])[:2]
 
 
@@ -362,12 +363,7 @@ def test_a_schedule_carries_over_to_the_same_matmul_with_another_epilogue(target
     # one block more than the source scheduled: it would run as its own loop nest
     assert TransferSource([db], per_task=1).find(extra, target) == []
     # the no-measurement compile of the plain one takes the carried-over schedule
-    runner = CountingRunner()
-    tasks = rt.extract_tasks(plain, target)
-    (report,) = rt.tune_tasks(tasks, wd, measure=False, runner=runner)
-    assert runner.calls == 0 and report.predicted
-    (record,) = [r for r in WorkDir(wd).open_predicted().database.get_all_tuning_records()
-                 if args_info(r.workload.mod) == tasks[0].args_info]
+    record = _predicted_record(plain, wd, target)
     assert candidate_key(record.trace_json) == candidate_key(trace_to_json(replayed.sch.trace))
     lib = tvm.compile(schedule_from_json(plain, record.trace_json).mod, target)
     x, w = np.random.rand(64, 64).astype("float32"), np.random.rand(64, 64).astype("float32")
@@ -403,10 +399,4 @@ def test_a_transferred_schedule_that_fails_the_transfer_check_is_not_applied(
     mod = matmul_mod(128)
     transferred = _transferred_key(db, mod, target)
     monkeypatch.setattr(predict, "_transfer_fits", lambda task: lambda cand: False)
-    runner = CountingRunner()
-    tasks = rt.extract_tasks(mod, target)
-    (report,) = rt.tune_tasks(tasks, wd, measure=False, runner=runner)
-    assert runner.calls == 0 and report.predicted
-    (record,) = [r for r in WorkDir(wd).open_predicted().database.get_all_tuning_records()
-                 if args_info(r.workload.mod) == tasks[0].args_info]
-    assert candidate_key(record.trace_json) != transferred
+    assert candidate_key(_predicted_record(mod, wd, target).trace_json) != transferred
