@@ -25,10 +25,10 @@ logger = logging.getLogger(__name__)
 
 
 class SplitGroupAxis(ScheduleRule):
-    """For a reduction block, trivially bound and alone in its loop nest, whose reads divide
-    a spatial iter by a constant that divides its extent (``v // G``): remap that iter to
-    two, ``v // G`` and ``v % G`` (``transform_block_layout``). Other blocks are left as
-    they are."""
+    """For a trivially bound reduction block whose reads divide a spatial iter by a constant
+    that divides its extent (``v // G``): remap that iter to two, ``v // G`` and ``v % G``
+    (``transform_block_layout``, which takes a block alone in its loop nest: it runs first,
+    before any rule has moved a block). Other blocks are left as they are."""
 
     name = "split_group_axis"
 
