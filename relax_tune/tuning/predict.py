@@ -28,16 +28,16 @@ Smaller ones keep their untuned code until measured, and so do tiled tasks of fe
 ``MIN_TILED_FLOPS`` operations (a classifier's 1x64 by 64x10 matmul: its untuned loop is
 shorter than a parallel schedule's start).
 
-Where the model's best candidates vectorise an odd width (more than one SIMD register, not
-a whole number of half registers: 29 floats of a 116-channel convolution), the model's first
+Where the model's best candidates vectorise an odd width (more than one SIMD register, not a
+whole number of half registers: 29 floats of a 116-channel convolution), the model's first
 among its 64 best that does not (``whole_vectors``) is chosen instead. LLVM legalises an
 odd-width vector piece by piece, and such candidates took from 0.1x to 4x the untuned
 function's time; the pre-trained model cannot tell which, and ranked them first. On
 ShuffleNetV2's 1x1 convolutions of 58 and 116 channels, its ten best on the 116-channel one
-ran 321-882 us against 219 us untuned; its first on whole vectors ran 1.5x-3.2x faster than untuned on
-each of four such tasks (docs/results/zen3-epyc.md, session 20). Among those, the model's
-first whose tiled compute runs in vectors of half a register or more is preferred, then
-one whose compute is vectorised at all (``vectorises_the_compute``, ``_accept_on``).
+ran 321-882 us against 219 us untuned; its first on whole vectors ran 1.5x-3.2x faster than
+untuned on each of four such tasks (docs/results/zen3-epyc.md, session 20). Among those, the
+model's first whose tiled compute runs in vectors of half a register or more is preferred,
+then one whose compute is vectorised at all (``vectorises_the_compute``, ``_accept_on``).
 """
 
 from __future__ import annotations
