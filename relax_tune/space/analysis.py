@@ -339,11 +339,19 @@ def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[li
     loop_vars = [node(sch, lp).loop_var for lp in loops]
     # coefficient of every loop var in every block-var binding
     bind_coef = [[_linear_coef(value, lv) for lv in loop_vars] for _, value in bindings]
-    # simplified under the iters' ranges: a split group axis's ``(g * G + f) // G * G``
-    # is ``g * G`` there (space.cpu.group_axis)
-    within_iters = tvm.sym.Analyzer()
-    for iv in blk.iter_vars:
-        within_iters.bind(iv.var, iv.dom)
+    within_iters: list = []  # an analyzer with the iters' ranges, made where first needed
+
+    def index_coef(index: Any, bvar: Any) -> int | None:
+        coef = _linear_coef(index, bvar)
+        if coef is not None:
+            return coef
+        # under the iters' ranges a split group axis's ``(g * G + f) // G * G`` is ``g * G``
+        # (space.cpu.group_axis)
+        if not within_iters:
+            within_iters.append(tvm.sym.Analyzer())
+            for iv in blk.iter_vars:
+                within_iters[0].bind(iv.var, iv.dom)
+        return _linear_coef(within_iters[0].simplify(index), bvar)
     out: list[list[int | None]] = []
     for access in list(blk.reads) + list(blk.writes):
         shape = _buffer_shape(access.source)
@@ -353,7 +361,7 @@ def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[li
         for d in range(len(shape) - 2, -1, -1):
             buf_strides[d] = buf_strides[d + 1] * int(shape[d + 1])
         # coefficient of every block var in every index of the access (loop-independent)
-        idx_coef = [[_linear_coef(within_iters.simplify(rng.min), bvar) for bvar, _ in bindings]
+        idx_coef = [[index_coef(rng.min, bvar) for bvar, _ in bindings]
                     for rng in access.region]
         if any(c is None for row in idx_coef for c in row):
             out.append([None] * len(loop_vars))

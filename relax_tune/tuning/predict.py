@@ -290,21 +290,23 @@ def _accept_on(task) -> tuple:
         return accepted[cand.key]
 
     def _acceptable(cand) -> bool:
-        funcs = _prim_funcs(cand.sch.mod)
-        if not all(whole_vectors(f, vector_bytes) for f in funcs):
+        if not all(whole_vectors(f, vector_bytes) for f in _prim_funcs(cand.sch.mod)):
             return False
-        if not all(vectorises_the_compute(f, vector_bytes, row_bytes, full=False)
-                   for f in funcs):
+        if not _compute_vectorised(cand, vector_bytes, row_bytes, full=False):
             return False
         return (tiles_for_reuse(cand.trace_json)
                 or safe_untiled(cand.sch, vector_bytes, untuned_thrashes()))
 
     def prefer(cand) -> bool:
-        return accept(cand) and all(vectorises_the_compute(f, vector_bytes, row_bytes,
-                                                           full=True)
-                                    for f in _prim_funcs(cand.sch.mod))
+        return accept(cand) and _compute_vectorised(cand, vector_bytes, row_bytes, full=True)
 
     return prefer, accept
+
+
+def _compute_vectorised(cand, vector_bytes: int, row_bytes: int | None, full: bool) -> bool:
+    """``vectorises_the_compute`` of every function of the candidate's module."""
+    return all(vectorises_the_compute(f, vector_bytes, row_bytes, full)
+               for f in _prim_funcs(cand.sch.mod))
 
 
 def _transfer_fits(task):
@@ -315,8 +317,7 @@ def _transfer_fits(task):
     (AMD EPYC Zen 4, 2 threads)."""
     vector_bytes = target_params(task.target).vector_bytes
     row_bytes = _row_bytes(task)
-    return lambda cand: all(vectorises_the_compute(f, vector_bytes, row_bytes, full=False)
-                            for f in _prim_funcs(cand.sch.mod))
+    return lambda cand: _compute_vectorised(cand, vector_bytes, row_bytes, full=False)
 
 
 def work_iterations(task) -> int:
@@ -358,13 +359,13 @@ def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
         if st.report.best_secs is not None or not (large or may_tile(st.search)):
             continue  # measured already (ApplyDatabase takes the measurement), or too small
         try:
-            accept = _accept_on(st.task)
-            cand = st.search.best_predicted(st.measured, accept, fits=_transfer_fits(st.task))
+            checks = _accept_on(st.task)
+            cand = st.search.best_predicted(st.measured, checks, fits=_transfer_fits(st.task))
         except Exception as err:  # noqa: BLE001 - the task keeps its untuned code
             logger.warning("%s: no predicted schedule (%s)", st.report.task_name, err)
             continue
         tiled = cand is not None and tiles_for_reuse(cand.trace_json)
-        if cand is None or not (tiled or (large and accept[-1](cand))):
+        if cand is None or not (tiled or (large and checks[-1](cand))):
             continue  # small, or no untiled candidate of the model's best is safe: untuned
         predicted.add(st.task.mod, cand.trace_json, st.task.target, st.task.args_info)
         logger.debug("%s: predicted after %d replays", st.report.task_name,

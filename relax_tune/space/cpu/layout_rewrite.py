@@ -149,9 +149,7 @@ def _pack_padded_copy(sch: Schedule, func_name: str, buffer: tirx.Buffer, read: 
             or not read.loops or not _at_top_level(func, read.loops[0])):
         return None
     padded = blk.writes[0].source
-    if len(padded.shape) != len(buffer.shape) or any(
-            A._const_int(p) is None or A._const_int(b) is None or A._const_int(p) < A._const_int(b)
-            for p, b in zip(padded.shape, buffer.shape)) or padded.same_as(buffer):
+    if padded.same_as(buffer) or not _encloses(padded, buffer):
         return None
     readers = _reads_of(func, padded)
     if len(readers) != 1:
@@ -162,6 +160,13 @@ def _pack_padded_copy(sch: Schedule, func_name: str, buffer: tirx.Buffer, read: 
         sch.transform_layout(sch.get_sblock(reader.block, func_name),
                              ("read", reader.read_index), index_map)
     return block
+
+
+def _encloses(padded: tirx.Buffer, buffer: tirx.Buffer) -> bool:
+    """Whether ``padded`` has ``buffer``'s rank and constant dimensions at least as large."""
+    dims = [(A._const_int(p), A._const_int(b)) for p, b in zip(padded.shape, buffer.shape)]
+    return len(padded.shape) == len(buffer.shape) and all(
+        p is not None and b is not None and p >= b for p, b in dims)
 
 
 def _at_top_level(func: tirx.PrimFunc, loop: tirx.For) -> bool:

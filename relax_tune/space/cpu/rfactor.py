@@ -45,34 +45,33 @@ class AddRFactor(ScheduleRule):
         self.params = params
         self.max_innermost_factor = max_innermost_factor
 
-    def needs_rfactor(self, sch: Schedule, block: SBlockRV) -> bool:
-        """Whether ``block`` is a plain reduction with too little spatial work to parallelise."""
-        extents = _plain_reduction_extents(sch, block)
-        if extents is None:
-            return False
-        spatial, reduce = extents
+    def needs_rfactor(self, spatial: int, reduce: int) -> bool:
+        """Whether a plain reduction of these extents has too little spatial work to
+        parallelise."""
         return spatial <= self.params.max_parallel_extent and reduce > max(spatial, 1) \
             and reduce >= 2 * self.params.num_cores
 
-    def needs_column_rfactor(self, sch: Schedule, block: SBlockRV) -> bool:
-        """Whether ``block`` is a plain reduction across ``MIN_COLUMN_ROWS`` rows of its
+    def needs_column_rfactor(self, sch: Schedule, block: SBlockRV, reduce: int) -> bool:
+        """Whether the plain reduction ``block`` runs across ``MIN_COLUMN_ROWS`` rows of its
         input or more (``reduces_across_rows``), whatever its spatial extent."""
-        extents = _plain_reduction_extents(sch, block)
-        return extents is not None and extents[1] >= max(MIN_COLUMN_ROWS,
-                                                         2 * self.params.num_cores) \
+        return reduce >= max(MIN_COLUMN_ROWS, 2 * self.params.num_cores) \
             and reduces_across_rows(sch, block)
 
     def apply(self, sch: Schedule, block: SBlockRV) -> list[Schedule]:
-        """The column and channel sketches alone for a reduction across rows
-        (``needs_column_rfactor``; the block unchanged and the row sketches read one element
-        per cache line there); else ``[sch]`` plus up to two row sketches
-        (``needs_rfactor``)."""
-        if self.needs_column_rfactor(sch, block):
+        """For a plain reduction (``_plain_reduction_extents``): the column and channel
+        sketches alone for one across rows (``needs_column_rfactor``; the block unchanged
+        and the row sketches read one element per cache line there); else ``[sch]`` plus up
+        to two row sketches (``needs_rfactor``)."""
+        extents = _plain_reduction_extents(sch, block)
+        if extents is None:
+            return [sch]
+        spatial, reduce = extents
+        if self.needs_column_rfactor(sch, block, reduce):
             column = [sk for sk in (self._column_sketch(sch.copy(), block),
                                     self._channel_sketch(sch.copy(), block)) if sk is not None]
             if column:
                 return column
-        if self.needs_rfactor(sch, block):
+        if self.needs_rfactor(spatial, reduce):
             return [sch, *self._row_sketches(sch, block)]
         return [sch]
 
