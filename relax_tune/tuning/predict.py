@@ -37,7 +37,9 @@ ShuffleNetV2's 1x1 convolutions of 58 and 116 channels, its ten best on the 116-
 ran 321-882 us against 219 us untuned; its first on whole vectors ran 1.5x-3.2x faster than
 untuned on each of four such tasks (docs/results/zen3-epyc.md, session 20). Among those, the
 model's first whose tiled compute runs in vectors of half a register or more is preferred,
-then one whose compute is vectorised at all (``vectorises_the_compute``, ``_accept_on``).
+then one whose compute is vectorised at all (``vectorises_the_compute``, ``_accept_on``);
+at each step one whose compute vectors span a power of two bytes first
+(``power_of_two_compute_vectors``: a 3-register accumulator took up to 12x the untuned time).
 """
 
 from __future__ import annotations
@@ -265,19 +267,36 @@ def vectorises_the_compute(func: tirx.PrimFunc, vector_bytes: int, row_bytes: in
     return max(_tiled_compute_vectors(func), default=0) >= (need if full else 1)
 
 
+def power_of_two_compute_vectors(func: tirx.PrimFunc) -> bool:
+    """Whether every vector loop of the scheduled ``func``'s tiled compute spans a power of
+    two bytes (one register, two, four, or a part of one that is a power of two). A
+    multiply-accumulate over three registers' width (48 floats), kept in registers across
+    the reduction, is a vector type LLVM widens to four and then moves piece by piece
+    through the stack on every step: EfficientNet-B0's 7x7x192 -> 1152 1x1 convolution (the
+    ONNX file's, with its SiLU) ran 1,158 us so against 612 us untuned and 103 us on
+    16-float vectors with the same tiles (AMD EPYC Zen 4, 2 threads). Among 48 random
+    draws of each of seven convolutions and matmuls, the fastest on 192-byte vectors ran
+    1.13x-1.89x the fastest draw, on 40-160 bytes 1.7x-16x, and the slowest ran 2x-12x
+    the untuned function, while the fastest on 64, 128 or 256 bytes ran within 1.12x of
+    it (docs/results/zen4-epyc.md, session 28)."""
+    return all(size & (size - 1) == 0 for size in _tiled_compute_vectors(func))
+
+
 def _accept_on(task) -> tuple:
     """The checks a predicted candidate of ``task`` must pass, in order of preference
     (``best_predicted`` takes the first of the model's best that passes the first check,
     else the second, ...):
 
     1. whole vectors (``whole_vectors``), the tiled compute in vectors of half a register
-       or more (``vectorises_the_compute``), and for one that does not tile for reuse
+       or more (``vectorises_the_compute``) that span a power of two bytes
+       (``power_of_two_compute_vectors``), and for one that does not tile for reuse
        ``safe_untiled``;
-    2. the same with narrower vectors allowed, but not none where output rows span half a
-       register. A tiled schedule that vectorised no compute ran ShuffleNetV2's 56x56
-       1x1 convolution to 58 channels in 756 us against 187 us untuned (103 us now), and
-       one on 2-float vectors its 116-channel depthwise one in 72 against 18 us (18 now;
-       AMD EPYC Zen 4, docs/design/time-budget.md)."""
+    2. the same on compute vectors of any width;
+    3. and 4. the first two with narrower vectors allowed, but not none where output rows
+       span half a register. A tiled schedule that vectorised no compute ran ShuffleNetV2's
+       56x56 1x1 convolution to 58 channels in 756 us against 187 us untuned (103 us now),
+       and one on 2-float vectors its 116-channel depthwise one in 72 against 18 us (18
+       now; AMD EPYC Zen 4, docs/design/time-budget.md)."""
     vector_bytes = target_params(task.target).vector_bytes
     row_bytes = _row_bytes(task)
     # read once, at the first untiled candidate
@@ -300,7 +319,11 @@ def _accept_on(task) -> tuple:
     def prefer(cand) -> bool:
         return accept(cand) and _compute_vectorised(cand, vector_bytes, row_bytes, full=True)
 
-    return prefer, accept
+    def power_of_two(check):
+        return lambda cand: check(cand) and all(power_of_two_compute_vectors(f)
+                                                for f in _prim_funcs(cand.sch.mod))
+
+    return power_of_two(prefer), prefer, power_of_two(accept), accept
 
 
 def _compute_vectorised(cand, vector_bytes: int, row_bytes: int | None, full: bool) -> bool:
