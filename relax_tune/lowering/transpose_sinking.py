@@ -17,12 +17,16 @@ tuned model's time in those kernels (Intel Xeon, 2 threads).
   ``b(T(x), c)`` -> ``T(b(x, c))`` (``c`` a scalar) for the elementwise binary operations;
 - ``pad(T(x))`` -> ``T(pad'(x))`` (the pad widths permuted);
 - a 2-D pool of an NHWC tensor made NCHW by ``T`` -> ``T`` of the NHWC pool;
+- a reduction (``mean``, ``sum``, ``max``, ``min``) of ``T(x)`` -> the reduction of ``x``
+  over the same axes, transposed back where their order differs (MobileNetV2's global
+  average pool, a ``mean`` over NCHW's H and W, had a 7x7x1280 transpose kernel before it);
 - ``concat(T(x), T(y))`` -> ``T(concat(x, y))`` and ``split(T(x))`` -> ``T`` of each part
   of ``split(x)`` (the axis permuted);
 - a channel shuffle (ShuffleNet's reshape of the channels into groups, transpose of the
   groups, reshape back) of an NHWC tensor made NCHW by ``T`` -> ``T`` of the same shuffle
   on the NHWC tensor;
-- ``T2(T1(x))`` -> ``x`` (or one transpose, their composition).
+- ``T2(T1(x))`` -> ``x`` (or one transpose, their composition);
+- a transpose that moves only axes of extent 1 -> a reshape (no data moves).
 
 ``ConvertLayout`` carries the channels-last layout through a concatenation and a split, but
 not through a channel shuffle: ShuffleNetV2 went back to NCHW at every block's shuffle,
@@ -54,6 +58,7 @@ QUANTIZE = ("relax.quantize", "relax.dequantize")
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
           "relax.minimum")
 POOLS = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d")
+REDUCTIONS = ("relax.mean", "relax.sum", "relax.max", "relax.min")
 NHWC_TO_NCHW = [0, 3, 1, 2]
 MAX_ROUNDS = 64
 """Rewrite rounds at most (each moves every transpose at least one operation down)."""
@@ -159,6 +164,21 @@ def _rules():
     for name in POOLS:
         rules.append((is_op(name)(tx), pool_rule))
 
+    def reduce_rule(matched, m):
+        perm = _axes(m[tx])
+        if perm is None or matched.attrs.axis is None:
+            return matched
+        make = getattr(relax.op, matched.op.name.rsplit(".", 1)[1])
+        reduced = sorted({a % len(perm) for a in (int(a) for a in matched.attrs.axis)})
+        moved = make(m[x], [perm[a] for a in reduced], bool(matched.attrs.keepdims))
+        if matched.attrs.keepdims:
+            return _transpose(moved, perm)
+        kept = [perm[i] for i in range(len(perm)) if i not in reduced]
+        return _transpose(moved, [sorted(kept).index(d) for d in kept])
+
+    for name in REDUCTIONS:
+        rules.append((is_op(name)(tx), reduce_rule))
+
     def concat_rule(matched, m):
         a, b = _axes(m[tx]), _axes(m[ty])
         if a is None or a != b or _ndim(m[x]) != _ndim(m[y]):
@@ -207,6 +227,16 @@ def _rules():
         return _transpose(m[x], [inner[i] for i in outer])
 
     rules.append((is_op("relax.permute_dims")(tx), double_rule))
+
+    def unit_rule(matched, m):
+        axes, shape = _axes(matched), _static_shape(m[x])
+        if axes is None or shape is None:
+            return matched
+        if [a for a in axes if shape[a] != 1] != [a for a in range(len(shape)) if shape[a] != 1]:
+            return matched  # moves data
+        return relax.op.reshape(m[x], [shape[a] for a in axes])
+
+    rules.append((tx, unit_rule))
     return rules
 
 
