@@ -39,7 +39,7 @@ untuned on each of four such tasks (docs/results/zen3-epyc.md, session 20). Amon
 model's first whose tiled compute runs in vectors of half a register or more is preferred,
 then one whose compute is vectorised at all (``vectorises_the_compute``, ``_accept_on``);
 at each step one whose compute vectors span a power of two bytes first
-(``power_of_two_compute_vectors``: a 3-register accumulator took up to 12x the untuned time).
+(``power_of_two_compute_vectors``: a 3-register accumulator ran up to 5.8x the untuned time).
 """
 
 from __future__ import annotations
@@ -275,10 +275,11 @@ def power_of_two_compute_vectors(func: tirx.PrimFunc) -> bool:
     through the stack on every step: EfficientNet-B0's 7x7x192 -> 1152 1x1 convolution (the
     ONNX file's, with its SiLU) ran 1,158 us so against 612 us untuned and 103 us on
     16-float vectors with the same tiles (AMD EPYC Zen 4, 2 threads). Among 48 random
-    draws of each of seven convolutions and matmuls, the fastest on 192-byte vectors ran
-    1.13x-1.89x the fastest draw, on 40-160 bytes 1.7x-16x, and the slowest ran 2x-12x
-    the untuned function, while the fastest on 64, 128 or 256 bytes ran within 1.12x of
-    it (docs/results/zen4-epyc.md, session 28)."""
+    draws of each of eight convolutions and matmuls, the fastest on 192-byte vectors ran
+    1.13x-1.89x the fastest draw (the slowest 4.1x-5.8x the untuned function on three
+    tasks), on other widths that are no power of two (12-160 bytes) 1.6x-16.5x, while the
+    fastest draw of every task was on a power of two (docs/results/zen4-epyc.md, session
+    28)."""
     return all(size & (size - 1) == 0 for size in _tiled_compute_vectors(func))
 
 
