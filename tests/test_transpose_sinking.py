@@ -60,6 +60,15 @@ def test_transposes_around_unknown_elementwise_ops_pad_and_pools_cancel():
     np.testing.assert_allclose(_run(out, x, unused), _run(mod, x, unused), rtol=1e-6)
 
 
+def _assert_all_cancel(mod: tvm.IRModule, before: int) -> None:
+    """``mod`` has ``before`` transposes, none after sinking, and computes the same."""
+    out = sink_transposes(mod)
+    assert count_transposes(mod) == before and count_transposes(out) == 0
+    x = np.random.default_rng(0).standard_normal((1, 6, 5, 8)).astype("float32")
+    unused = np.zeros((1, 8, 3, 2), "float32")
+    np.testing.assert_allclose(_run(out, x, unused), _run(mod, x, unused), rtol=1e-6)
+
+
 def test_a_global_average_pool_over_nchw_reads_the_nhwc_tensor():
     """MobileNetV2's head as ConvertLayout leaves it: the NHWC tensor back to NCHW, a mean
     over H and W keeping them, flattened. The mean moves onto the NHWC tensor; the
@@ -69,12 +78,7 @@ def test_a_global_average_pool_over_nchw_reads_the_nhwc_tensor():
         pooled = bb.emit(relax.op.mean(t, [2, 3], keepdims=True))
         return bb.emit(relax.op.reshape(pooled, [1, 8]))
 
-    mod = _function(head)
-    out = sink_transposes(mod)
-    assert count_transposes(mod) == 1 and count_transposes(out) == 0
-    x = np.random.default_rng(0).standard_normal((1, 6, 5, 8)).astype("float32")
-    unused = np.zeros((1, 8, 3, 2), "float32")
-    np.testing.assert_allclose(_run(out, x, unused), _run(mod, x, unused), rtol=1e-6)
+    _assert_all_cancel(_function(head), before=1)
 
 
 def test_a_reduction_that_drops_an_axis_keeps_the_others_in_order():
@@ -85,12 +89,7 @@ def test_a_reduction_that_drops_an_axis_keeps_the_others_in_order():
         reduced = bb.emit(relax.op.max(t, [3], keepdims=False))
         return bb.emit(relax.op.permute_dims(reduced, [0, 2, 1]))
 
-    mod = _function(block)
-    out = sink_transposes(mod)
-    assert count_transposes(mod) == 2 and count_transposes(out) == 0
-    x = np.random.default_rng(0).standard_normal((1, 6, 5, 8)).astype("float32")
-    unused = np.zeros((1, 8, 3, 2), "float32")
-    np.testing.assert_allclose(_run(out, x, unused), _run(mod, x, unused), rtol=1e-6)
+    _assert_all_cancel(_function(block), before=2)
 
 
 def test_a_rewrite_that_leaves_as_many_transposes_is_not_kept():
