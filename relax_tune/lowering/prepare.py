@@ -20,6 +20,7 @@ from tvm import relax
 
 from .attention_fusion import FuseAttention
 from .fast_math import FastMath
+from .flatten_matmul import FlattenMatmulRows
 from .im2col import ColumnsForFewChannels, column_group_bytes
 from .int8 import IntegerQDQ
 from .int8_pairs import MarkNarrowWeightPairs
@@ -89,7 +90,8 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
     (``shape_bounds.SimplifyBoundedShapes``), batch norms after convolutions are folded into
     the convolutions' weights and bias (with bound weights the scale and shift are
     constants, folded at compile time), the remaining batch norms and layer norms are
-    decomposed into arithmetic that fuses into neighbouring kernels, patch convolutions
+    decomposed into arithmetic that fuses into neighbouring kernels, 3-D float projections
+    become 2-D on CPU targets (``flatten_matmul.FlattenMatmulRows``), patch convolutions
     (stride = kernel, a ViT's patch embedding) become matmuls, convolutions take the
     channels-last layout on CPU targets (``graph.ChannelsLastConvolutions``), and there 1x1
     ones of output channels that fill no whole SIMD registers become matmuls
@@ -107,6 +109,7 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
         FoldBatchNormIntoConv(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
+        *([FlattenMatmulRows()] if cpu else []),  # ONNX's 3-D projections: 2-D, as torch's
         PatchConvToMatmul(),
         *([ChannelsLastConvolutions()] if cpu else []),
         relax.transform.FoldConstant(),

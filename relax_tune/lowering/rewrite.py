@@ -1,5 +1,5 @@
-"""What every graph rewrite of ``lowering`` builds on: a bound constant's value, and a
-dataflow-pattern rewrite applied to every Relax function of a module."""
+"""What every graph rewrite of ``lowering`` builds on: a bound constant's value, a tensor's
+static shape, and a dataflow-pattern rewrite applied to every Relax function of a module."""
 
 from __future__ import annotations
 
@@ -15,6 +15,14 @@ def constant(expr: relax.Expr) -> np.ndarray | None:
     if isinstance(expr, GenericConst):
         return expr.value.numpy()
     return None
+
+
+def static_shape(expr: relax.Expr) -> list[int] | None:
+    """The shape of a tensor expression, None where it is not known or not constant."""
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
+        return None
+    return [int(d) for d in shape]
 
 
 def rewrite_functions(mod: tvm.IRModule, pattern, rewrite,

@@ -44,7 +44,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
 from .qparams import qparams_of
-from .rewrite import count_calls, rewrite_functions
+from .rewrite import count_calls, rewrite_functions, static_shape
 
 UNARY_ELEMENTWISE_OPS = ("relax.clip", "relax.nn.relu", "relax.nn.leakyrelu", "relax.nn.gelu",
                          "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
@@ -77,15 +77,8 @@ def _axes(call: relax.Call) -> list[int] | None:
     return list(range(ndim))[::-1] if axes is None else [int(a) for a in axes]
 
 
-def _static_shape(expr: relax.Expr) -> list[int] | None:
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
-        return None
-    return [int(d) for d in shape]
-
-
 def _is_scalar(expr: relax.Expr) -> bool:
-    shape = _static_shape(expr)
+    shape = static_shape(expr)
     return shape is not None and all(d == 1 for d in shape)
 
 
@@ -205,14 +198,14 @@ def _rules():
     swapped = is_op("relax.permute_dims")(grouped)
 
     def shuffle_rule(matched, m):
-        shape = _static_shape(m[x])
-        groups, swap = _static_shape(m[grouped]), _axes(m[swapped])
+        shape = static_shape(m[x])
+        groups, swap = static_shape(m[grouped]), _axes(m[swapped])
         if _axes(m[tx]) != NHWC_TO_NCHW or shape is None or groups is None \
                 or swap != [0, 2, 1, 3, 4]:
             return matched
         n, h, w, c = shape
         if groups[0] != n or groups[3:] != [h, w] or groups[1] * groups[2] != c \
-                or _static_shape(matched) != [n, c, h, w]:
+                or static_shape(matched) != [n, c, h, w]:
             return matched
         nhwc = relax.op.reshape(m[x], [n, h, w, groups[1], groups[2]])
         nhwc = relax.op.reshape(relax.op.permute_dims(nhwc, [0, 1, 2, 4, 3]), [n, h, w, c])
@@ -229,7 +222,7 @@ def _rules():
     rules.append((is_op("relax.permute_dims")(tx), double_rule))
 
     def unit_rule(matched, m):
-        axes, shape = _axes(matched), _static_shape(m[x])
+        axes, shape = _axes(matched), static_shape(m[x])
         if axes is None or shape is None:
             return matched
         if [a for a in axes if shape[a] != 1] != [a for a in range(len(shape)) if shape[a] != 1]:
