@@ -18,6 +18,16 @@ def untuned_output(mod: tvm.IRModule, target, arrays) -> np.ndarray:
     return vm["forward"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
 
 
+def run_zero_pipeline(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
+    """``mod``'s ``main`` on ``args``, built by TVM's "zero" pipeline for this CPU
+    (nothing tuned): what a graph rewrite's result is compared with."""
+    target = tvm.target.Target("llvm")
+    with target:
+        lowered = relax.get_pipeline("zero")(mod)
+    vm = relax.VirtualMachine(tvm.compile(lowered, target), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
 def assert_lifted_weights_swappable(mod: tvm.IRModule, target, pipeline) -> list:
     """Compile ``mod`` with ``pipeline`` (lifted weights), then run two weight sets through
     the same executable via ``forward_transform_params``; both must match the untuned model.

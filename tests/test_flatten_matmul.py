@@ -7,6 +7,8 @@ from tvm import relax
 
 from relax_tune.lowering.flatten_matmul import flatten_matmul_rows
 
+from model_checks import run_zero_pipeline
+
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((16, 24)).astype("float32")
 BIAS = RNG.standard_normal((24,)).astype("float32")
@@ -33,14 +35,6 @@ def _ffn_tail(rows_3d: bool) -> tvm.IRModule:
     return bb.get()
 
 
-def _run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
-    target = tvm.target.Target("llvm")
-    with target:
-        lowered = relax.get_pipeline("zero")(mod)
-    vm = relax.VirtualMachine(tvm.compile(lowered, target), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
-
-
 def _matmul_ranks(mod: tvm.IRModule) -> list[int]:
     ranks = []
 
@@ -64,7 +58,7 @@ def test_a_3d_projection_becomes_the_graph_torch_export_makes():
     assert tvm_ffi.structural_equal(tidy(out), tidy(_ffn_tail(rows_3d=False)))
     x = RNG.standard_normal((1, 8, 16)).astype("float32")
     r = RNG.standard_normal((1, 8, 24)).astype("float32")
-    np.testing.assert_allclose(_run(out, x, r), _run(mod, x, r), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run_zero_pipeline(out, x, r), run_zero_pipeline(mod, x, r), rtol=1e-5, atol=1e-6)
 
 
 def test_a_2d_projection_is_left_as_it_is():
@@ -84,4 +78,4 @@ def test_a_bias_on_the_left_of_a_subtraction_stays_on_the_left():
     out = flatten_matmul_rows(mod)
     assert _matmul_ranks(out) == [2]
     x = RNG.standard_normal((2, 8, 16)).astype("float32")
-    np.testing.assert_allclose(_run(out, x), _run(mod, x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run_zero_pipeline(out, x), run_zero_pipeline(mod, x), rtol=1e-5, atol=1e-6)

@@ -7,6 +7,8 @@ from tvm import relax
 from relax_tune.lowering.rewrite import count_calls
 from relax_tune.lowering.transpose_sinking import sink_transposes
 
+from model_checks import run_zero_pipeline
+
 NCHW, NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
 
 
@@ -23,14 +25,6 @@ def _function(body) -> tvm.IRModule:
             out = bb.emit_output(body(bb, x, r))
         bb.emit_func_output(out)
     return bb.get()
-
-
-def _run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
-    target = tvm.target.Target("llvm")
-    with target:
-        lowered = relax.get_pipeline("zero")(mod)
-    vm = relax.VirtualMachine(tvm.compile(lowered, target), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
 
 
 def _quantized_block(bb, x, r):
@@ -57,7 +51,7 @@ def test_transposes_around_unknown_elementwise_ops_pad_and_pools_cancel():
     assert count_transposes(out) == 0
     x = np.random.default_rng(0).uniform(-20, 300, (1, 6, 5, 8)).astype("float32")
     unused = np.zeros((1, 8, 3, 2), "float32")
-    np.testing.assert_allclose(_run(out, x, unused), _run(mod, x, unused), rtol=1e-6)
+    np.testing.assert_allclose(run_zero_pipeline(out, x, unused), run_zero_pipeline(mod, x, unused), rtol=1e-6)
 
 
 def _assert_all_cancel(mod: tvm.IRModule, before: int) -> None:
@@ -66,7 +60,7 @@ def _assert_all_cancel(mod: tvm.IRModule, before: int) -> None:
     assert count_transposes(mod) == before and count_transposes(out) == 0
     x = np.random.default_rng(0).standard_normal((1, 6, 5, 8)).astype("float32")
     unused = np.zeros((1, 8, 3, 2), "float32")
-    np.testing.assert_allclose(_run(out, x, unused), _run(mod, x, unused), rtol=1e-6)
+    np.testing.assert_allclose(run_zero_pipeline(out, x, unused), run_zero_pipeline(mod, x, unused), rtol=1e-6)
 
 
 def test_a_global_average_pool_over_nchw_reads_the_nhwc_tensor():
@@ -123,4 +117,4 @@ def test_a_channel_shuffle_between_concat_and_split_stays_channels_last():
     assert count_transposes(out) == 1  # the shuffle's own transpose of the groups
     x = np.random.default_rng(0).standard_normal((1, 6, 5, 8)).astype("float32")
     unused = np.zeros((1, 8, 3, 2), "float32")
-    np.testing.assert_allclose(_run(out, x, unused), _run(mod, x, unused), rtol=1e-6)
+    np.testing.assert_allclose(run_zero_pipeline(out, x, unused), run_zero_pipeline(mod, x, unused), rtol=1e-6)

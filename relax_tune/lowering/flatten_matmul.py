@@ -30,11 +30,10 @@ from __future__ import annotations
 import math
 
 import tvm
-import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from .rewrite import rewrite_functions, static_shape
+from .rewrite import rewrite_until_fixed, static_shape
 from .transpose_sinking import BINARY
 
 MAX_ROUNDS = 16
@@ -91,18 +90,7 @@ def _rules():
 
 def flatten_matmul_rows(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with its 3-D float projections as 2-D ones (see the module doc)."""
-    out = mod
-    rules = _rules()
-    for _ in range(MAX_ROUNDS):
-        current = out
-        for pattern, rewrite in rules:
-            out = rewrite_functions(out, pattern, rewrite)
-        if out.same_as(current):
-            break
-        out = relax.transform.DeadCodeElimination()(out)
-        if tvm_ffi.structural_equal(out, current):  # a declined match still rebuilds
-            break
-    return out
+    return rewrite_until_fixed(mod, _rules(), MAX_ROUNDS)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_tune.FlattenMatmulRows")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 from tvm.relax.dpl import rewrite_call
@@ -57,3 +58,19 @@ def count_calls(mod: tvm.IRModule, name: str) -> int:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
     return found[0]
+
+
+def rewrite_until_fixed(mod: tvm.IRModule, rules, max_rounds: int) -> tvm.IRModule:
+    """``mod`` with every ``(pattern, rewrite)`` of ``rules`` applied in turn, dead code
+    removed, until a round changes nothing or ``max_rounds`` rounds have run."""
+    out = mod
+    for _ in range(max_rounds):
+        current = out
+        for pattern, rewrite in rules:
+            out = rewrite_functions(out, pattern, rewrite)
+        if out.same_as(current):
+            break
+        out = relax.transform.DeadCodeElimination()(out)
+        if tvm_ffi.structural_equal(out, current):  # a declined match still rebuilds
+            break
+    return out

@@ -44,7 +44,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
 from .qparams import qparams_of
-from .rewrite import count_calls, rewrite_functions, static_shape
+from .rewrite import count_calls, rewrite_until_fixed, static_shape
 
 UNARY_ELEMENTWISE_OPS = ("relax.clip", "relax.nn.relu", "relax.nn.leakyrelu", "relax.nn.gelu",
                          "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
@@ -239,13 +239,5 @@ def sink_transposes(mod: tvm.IRModule) -> tvm.IRModule:
     before = count_calls(mod, "relax.permute_dims")
     if not before:
         return mod
-    out = mod
-    rules = _rules()
-    for _ in range(MAX_ROUNDS):
-        current = out
-        for pattern, rewrite in rules:
-            out = rewrite_functions(out, pattern, rewrite)
-        out = relax.transform.DeadCodeElimination()(out)
-        if tvm_ffi.structural_equal(out, current):  # a declined match still rebuilds
-            break
+    out = rewrite_until_fixed(mod, _rules(), MAX_ROUNDS)
     return out if count_calls(out, "relax.permute_dims") < before else mod
