@@ -7,6 +7,7 @@ Everything here reads the schedule and never changes it. It is built on the bloc
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -339,7 +340,13 @@ def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[li
     loop_vars = [node(sch, lp).loop_var for lp in loops]
     # coefficient of every loop var in every block-var binding
     bind_coef = [[_linear_coef(value, lv) for lv in loop_vars] for _, value in bindings]
-    within_iters: list = []  # an analyzer with the iters' ranges, made where first needed
+    @functools.cache
+    def within_iters() -> tvm.sym.Analyzer:
+        """An analyzer with the iters' ranges, made where first needed."""
+        analyzer = tvm.sym.Analyzer()
+        for iv in blk.iter_vars:
+            analyzer.bind(iv.var, iv.dom)
+        return analyzer
 
     def index_coef(index: Any, bvar: Any) -> int | None:
         coef = _linear_coef(index, bvar)
@@ -347,11 +354,7 @@ def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[li
             return coef
         # under the iters' ranges a split group axis's ``(g * G + f) // G * G`` is ``g * G``
         # (space.cpu.group_axis)
-        if not within_iters:
-            within_iters.append(tvm.sym.Analyzer())
-            for iv in blk.iter_vars:
-                within_iters[0].bind(iv.var, iv.dom)
-        return _linear_coef(within_iters[0].simplify(index), bvar)
+        return _linear_coef(within_iters().simplify(index), bvar)
     out: list[list[int | None]] = []
     for access in list(blk.reads) + list(blk.writes):
         shape = _buffer_shape(access.source)

@@ -302,14 +302,19 @@ def _accept_on(task) -> tuple:
     row_bytes = _row_bytes(task)
     # read once, at the first untiled candidate
     untuned_thrashes = functools.cache(lambda: thrashes_l1(Schedule(task.mod)))
-    accepted: dict[str, bool] = {}  # by candidate: ``prefer`` asks first, then the fallback
 
+    def by_candidate(check):
+        """``check`` asked once per candidate: the four steps ask it of the same ones."""
+        seen: dict[str, bool] = {}
+
+        def cached(cand) -> bool:
+            if cand.key not in seen:
+                seen[cand.key] = check(cand)
+            return seen[cand.key]
+        return cached
+
+    @by_candidate
     def accept(cand) -> bool:
-        if cand.key not in accepted:
-            accepted[cand.key] = _acceptable(cand)
-        return accepted[cand.key]
-
-    def _acceptable(cand) -> bool:
         if not all(whole_vectors(f, vector_bytes) for f in _prim_funcs(cand.sch.mod)):
             return False
         if not _compute_vectorised(cand, vector_bytes, row_bytes, full=False):
@@ -317,14 +322,16 @@ def _accept_on(task) -> tuple:
         return (tiles_for_reuse(cand.trace_json)
                 or safe_untiled(cand.sch, vector_bytes, untuned_thrashes()))
 
+    full = by_candidate(lambda cand: _compute_vectorised(cand, vector_bytes, row_bytes,
+                                                         full=True))
+    power_of_two = by_candidate(lambda cand: all(power_of_two_compute_vectors(f)
+                                                 for f in _prim_funcs(cand.sch.mod)))
+
     def prefer(cand) -> bool:
-        return accept(cand) and _compute_vectorised(cand, vector_bytes, row_bytes, full=True)
+        return accept(cand) and full(cand)
 
-    def power_of_two(check):
-        return lambda cand: check(cand) and all(power_of_two_compute_vectors(f)
-                                                for f in _prim_funcs(cand.sch.mod))
-
-    return power_of_two(prefer), prefer, power_of_two(accept), accept
+    return (lambda cand: prefer(cand) and power_of_two(cand), prefer,
+            lambda cand: accept(cand) and power_of_two(cand), accept)
 
 
 def _compute_vectorised(cand, vector_bytes: int, row_bytes: int | None, full: bool) -> bool:
