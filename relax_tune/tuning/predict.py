@@ -85,13 +85,16 @@ as iterations, not as the largest tensor's elements: ViT's class-token ``take`` 
 197 x 192 tensor but writes 192 floats, and ran 1.0 us predicted against 0.05 untuned."""
 
 
-MIN_TILED_FLOPS = 4096
+MIN_TILED_FLOPS = 8192
 """A task that tiles for reuse gets a predicted schedule only when it computes this many
 floating-point operations: below, its untuned loop nest is over before a parallel
-schedule's threads have started. Measured (AMD EPYC without AVX-512, 2 threads, each
-predicted schedule against the untuned function in the tuner's runner): a 1x64 by 64x10
-matmul with bias, 1.3e3 FLOPs, ran 0.14 us untuned against 1.22 us predicted; 1x128 by
-128x32, 8.2e3 FLOPs, 1.14 us against 0.17 us, and every larger one faster still."""
+schedule's threads have started. Measured (2 threads, each predicted schedule against the
+untuned function in the tuner's runner): on an AMD EPYC Zen 3, a 1x64 by 64x10 matmul with
+bias, 1.3e3 FLOPs, ran 0.14 us untuned against 1.22 us predicted; 1x128 by 128x32, 8.2e3
+FLOPs, 1.14 us against 0.17 us, and every larger one faster still. On a Zen 4,
+EfficientNet-B0's squeeze-and-excite matmul 1x240 by 240x10 with bias and SiLU, 6.4e3
+FLOPs, ran 0.73 us untuned against 1.35 us predicted (docs/results/zen4-epyc.md,
+session 29)."""
 
 
 def _vector_sizes(func: tirx.PrimFunc) -> list[int]:
@@ -150,13 +153,16 @@ def leaves_nothing_to_vectorise(sch: Schedule, vector_bytes: int) -> bool:
     loop is left for LLVM's loop vectoriser, which vectorises the untuned function's.
     ResNet-18's 7x7x512 Winograd epilogue (the tiles back to NHWC, cropped, the residual,
     ReLU) ran so as one parallel loop of 25,088 scalar steps, each dividing its way
-    through the reshapes: 39.9 us against 13.4 untuned (Zen 4, docs/results/zen4-epyc.md)."""
+    through the reshapes: 39.9 us against 13.4 untuned (Zen 4, docs/results/zen4-epyc.md).
+    A parallel loop that holds other loops too does more than one scalar step an iteration
+    (a global average pool's division under the loop of its 49 sums, 2.1 us against 2.6
+    untuned), and is left to the other checks."""
     if any(_vector_sizes(f) for f in _prim_funcs(sch.mod)):
         return False
     for block in A.collect_blocks(sch):
         loops = A.loops_of(sch, block)
         inner = A.node(sch, loops[-1]) if loops else None
-        if inner is None or int(inner.kind) != A.FOR_PARALLEL:
+        if inner is None or int(inner.kind) != A.FOR_PARALLEL or _holds_a_loop(inner.body):
             continue
         writes = A.node(sch, block).writes
         shape = getattr(writes[0].source, "shape", None) if writes else None
@@ -164,6 +170,15 @@ def leaves_nothing_to_vectorise(sch: Schedule, vector_bytes: int) -> bool:
         if isinstance(row, tirx.IntImm) and int(row) * widest_element(inner.body) >= vector_bytes:
             return True
     return False
+
+
+def _holds_a_loop(stmt) -> bool:
+    """Whether ``stmt`` holds a loop of more than one iteration."""
+    found: list = []
+    tvm_ffi.structural_walk(stmt, [(tirx.For, lambda loop: found.append(loop)
+                                    if not (isinstance(loop.extent, tirx.IntImm)
+                                            and int(loop.extent) == 1) else None)])
+    return bool(found)
 
 
 CACHE_LINE = 64
