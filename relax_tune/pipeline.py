@@ -122,7 +122,6 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
     @tvm.transform.module_pass(opt_level=0, name="relax_tune.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = parse_target(target)
-        backend = backend_pipeline(tgt)
         prepack = default_prepack(tgt, params, lift_transform_params) \
             if cpu_weight_prepack is None else cpu_weight_prepack
         # Lifting before tuning makes the tasks those of the bound model (weight-only work
@@ -133,26 +132,34 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
         with tgt:
             if tuner.config.trial_budget > 0 or not tuner.config.measure:
                 tuner(_without_transform_params(mod))
-            post = [ApplyDatabase(work_dir=work_dir, shape_hints=tuner.config.shape_hints)]
-            if prepack:
-                post += [relax.transform.SplitLayoutRewritePreproc(),
-                         *([relax.transform.LiftTransformParams()]
-                           if lift_transform_params else []),
-                         relax.transform.FoldConstant(),
-                         relax.transform.CanonicalizeBindings(),
-                         relax.transform.DeadCodeElimination()]
-            if tgt.kind.name == "cuda":
-                from .space.gpu import default_schedule_pass, ensure_cuda_compiler
-
-                ensure_cuda_compiler()  # this process builds CUDA kernels now
-                post.append(default_schedule_pass())
-            return tvm.transform.Sequential([
-                *post,
-                *backend.dataflow_lower_passes(tgt),
-                *backend.finalize_passes(tgt),
-            ])(mod)
+            return finish_passes(tgt, work_dir, prepack, lift_transform_params,
+                                 tuner.config.shape_hints)(mod)
 
     return _pipeline
+
+
+def finish_passes(target: tvm.target.Target, work_dir: WorkDir, prepack: bool,
+                  lift_transform_params: bool = False,
+                  shape_hints=None) -> tvm.transform.Pass:
+    """What the "relax_tune" pipeline runs after lowering and tuning, under ``target``: the
+    work_dir's schedules applied (``ApplyDatabase``), the packed weights split out and
+    folded (``prepack``) or lifted, ``dlight``'s defaults on a GPU, and TVM's backend
+    passes. ``relax-tune compile`` runs it on the module it extracted the tasks from."""
+    post = [ApplyDatabase(work_dir=work_dir, shape_hints=shape_hints)]
+    if prepack:
+        post += [relax.transform.SplitLayoutRewritePreproc(),
+                 *([relax.transform.LiftTransformParams()] if lift_transform_params else []),
+                 relax.transform.FoldConstant(),
+                 relax.transform.CanonicalizeBindings(),
+                 relax.transform.DeadCodeElimination()]
+    if target.kind.name == "cuda":
+        from .space.gpu import default_schedule_pass, ensure_cuda_compiler
+
+        ensure_cuda_compiler()  # this process builds CUDA kernels now
+        post.append(default_schedule_pass())
+    backend = backend_pipeline(target)
+    return tvm.transform.Sequential([*post, *backend.dataflow_lower_passes(target),
+                                     *backend.finalize_passes(target)])
 
 
 def register_pipeline() -> None:

@@ -494,3 +494,41 @@ def test_work_iterations_counts_what_a_task_computes_not_its_largest_tensor():
     total = te.compute((591,), lambda i: te.sum(a[i, k], axis=k), name="total")
     reduction = types.SimpleNamespace(mod=_te_mod(a, total), args_info=[])
     assert work_iterations(reduction) == 591 * 197
+
+
+def test_the_workers_choose_the_schedules_this_process_would(target, tmp_path, monkeypatch,
+                                                             caplog):
+    """A no-measurement session hands whole tasks to the builder's workers
+    (``predict_pool``): each worker rebuilds the task's state as the session made it, so
+    the predicted schedules are those chosen all in this process (with this process's pool
+    sizes: the suite's are smaller than the search's own, ``small_pools``)."""
+    import relax_tune.tuning.tune as tune_module
+
+    mod, _ = MODELS["conv_net"]()
+    _, weights = split_inputs(mod, model_inputs(mod))
+    lowered = rt.transform.lower_for_tuning(mod, target, weights, cpu_weight_prepack=True)
+    tasks = rt.extract_tasks(lowered, target)
+
+    def chosen(work_dir: str) -> dict:
+        predicted = WorkDir(work_dir).open_predicted()
+        return {t.task_name: str((predicted.query_schedule(t.mod, target) or
+                                  types.SimpleNamespace(trace=None)).trace) for t in tasks}
+
+    builder = LocalBuilder()
+    try:
+        builder.start()
+        deadline = time.monotonic() + 120
+        while not builder.started and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with caplog.at_level(logging.INFO, logger="relax_tune"):
+            rt.tune_tasks(tasks, str(tmp_path / "workers"), measure=False, builder=builder)
+    finally:
+        builder.shutdown()
+    in_workers = [r.message for r in caplog.records if "chosen in the builder's workers" in
+                  r.message]
+    assert in_workers and " (0 chosen" not in in_workers[-1], in_workers
+    monkeypatch.setattr(tune_module, "worker_session", lambda *args: None)
+    rt.tune_tasks(tasks, str(tmp_path / "here"), measure=False)
+    here = chosen(str(tmp_path / "here"))
+    assert sum(trace != "None" for trace in here.values()) >= 2
+    assert chosen(str(tmp_path / "workers")) == here

@@ -140,8 +140,6 @@ def _tune(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- compile
 def _compile(args: argparse.Namespace) -> int:
-    import tvm
-
     from ..database import is_baseline
     from ..tuning.extract import extract_tasks
     from ..measure import cross
@@ -160,7 +158,8 @@ def _compile(args: argparse.Namespace) -> int:
                       f"the model or a file of the work dir {args.work_dir!r}")
     model = load_model(args.model, parse_shape_dict(args.input_shape))
     hints = _dynamic_hints(args)
-    tasks = extract_tasks(model.lowered(target), target, shape_hints=hints)
+    lowered = model.lowered(target)
+    tasks = extract_tasks(lowered, target, shape_hints=hints)
     if args.predict:  # the no-measurement compile: the model's first choices, nothing timed
         from ..tuning.tune import tune_tasks
 
@@ -176,9 +175,7 @@ def _compile(args: argparse.Namespace) -> int:
     guessed = 0 if predicted is None else sum(
         1 for t, rec in zip(tasks, best)
         if rec is None and predicted.query_schedule(t.mod, target) is not None)
-    pipeline = model.compile_pipeline(target, work_dir, max_trials_global=0,
-                                      shape_hints=hints)
-    ex = tvm.compile(model.mod, target, relax_pipeline=pipeline)
+    ex = model.compile_lowered(lowered, target, work_dir, shape_hints=hints)
     out = os.path.abspath(args.output)
     try:
         cross.export(ex, out, mode)

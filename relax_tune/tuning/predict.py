@@ -388,34 +388,69 @@ def may_tile(search: object) -> bool:
     return sketches is None or any(tiles_for_reuse(trace_to_json(s)) for s in sketches)
 
 
-def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
-                      deadline: float | None = None) -> int:
-    """Record each task's top-ranked candidate (a task that tiles for reuse and has no
-    measured candidate yet) in ``predicted``, the heaviest tasks first, until ``deadline``
-    (time.monotonic). Returns how many were recorded (their reports say ``predicted``)."""
-    count = 0
-    order = sorted(states, key=lambda st: -st.task.weight * st.task.flops)
+def wants_prediction(st: TaskState) -> bool:
+    """Whether the no-measurement choice looks for a schedule of ``st``'s task: one with no
+    measured candidate yet that tiles for reuse (``MIN_TILED_FLOPS`` and more) or runs
+    ``MIN_UNTILED_ITERATIONS``; else its untuned code stays (or its measurement applies)."""
+    large = work_iterations(st.task) >= MIN_UNTILED_ITERATIONS
+    if 0 < st.task.flops < MIN_TILED_FLOPS and not large:
+        return False  # so little work that a thread pool's start costs more than all of it
+    return st.report.best_secs is None and (large or may_tile(st.search))
+
+
+def choose(st: TaskState) -> list | None:
+    """The trace (as JSON) of the schedule ``st``'s task runs unmeasured: its search's
+    ``best_predicted`` under the checks of ``_accept_on``; None where its untuned code stays
+    (no candidate, or a task that does not tile whose best candidates are none safe)."""
+    checks = _accept_on(st.task)
+    cand = st.search.best_predicted(st.measured, checks, fits=_transfer_fits(st.task))
+    if cand is None:
+        return None
+    if tiles_for_reuse(cand.trace_json) or (
+            work_iterations(st.task) >= MIN_UNTILED_ITERATIONS and checks[-1](cand)):
+        return cand.trace_json
+    return None
+
+
+def replays_of(st: TaskState) -> int:
+    """Candidates ``st``'s search has replayed."""
+    return getattr(st.search, "stats", {}).get("replays", 0)
+
+
+def choose_here(order: list[TaskState], deadline: float | None):
+    """``(state, trace JSON or None, replays, error or None)`` of each task of ``order`` in
+    turn, chosen in this process, until ``deadline`` (time.monotonic)."""
     for st in order:
         if deadline is not None and time.monotonic() >= deadline:
-            logger.info("max_time reached after %d predicted schedules", count)
-            break
-        large = work_iterations(st.task) >= MIN_UNTILED_ITERATIONS
-        if 0 < st.task.flops < MIN_TILED_FLOPS and not large:
-            continue  # so little work that a thread pool's start costs more than all of it
-        if st.report.best_secs is not None or not (large or may_tile(st.search)):
-            continue  # measured already (ApplyDatabase takes the measurement), or too small
+            return
         try:
-            checks = _accept_on(st.task)
-            cand = st.search.best_predicted(st.measured, checks, fits=_transfer_fits(st.task))
+            yield st, choose(st), replays_of(st), None
         except Exception as err:  # noqa: BLE001 - the task keeps its untuned code
-            logger.warning("%s: no predicted schedule (%s)", st.report.task_name, err)
+            yield st, None, replays_of(st), str(err)
+
+
+def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
+                      deadline: float | None = None, choices=choose_here) -> int:
+    """Record each task's top-ranked candidate (a task that tiles for reuse and has no
+    measured candidate yet) in ``predicted``, the heaviest tasks first, until ``deadline``
+    (time.monotonic). ``choices(order, deadline)`` chooses them (``choose_here``, or
+    ``predict_pool.WorkerChoices``: in a session's workers too). Returns how many were
+    recorded (their reports say ``predicted``)."""
+    count = 0
+    order = [st for st in sorted(states, key=lambda st: -st.task.weight * st.task.flops)
+             if wants_prediction(st)]
+    done = 0
+    for st, trace_json, replays, error in choices(order, deadline):
+        done += 1
+        if error is not None:
+            logger.warning("%s: no predicted schedule (%s)", st.report.task_name, error)
             continue
-        tiled = cand is not None and tiles_for_reuse(cand.trace_json)
-        if cand is None or not (tiled or (large and checks[-1](cand))):
+        if trace_json is None:
             continue  # small, or no untiled candidate of the model's best is safe: untuned
-        predicted.add(st.task.mod, cand.trace_json, st.task.target, st.task.args_info)
-        logger.debug("%s: predicted after %d replays", st.report.task_name,
-                     getattr(st.search, "stats", {}).get("replays", 0))
+        predicted.add(st.task.mod, trace_json, st.task.target, st.task.args_info)
+        logger.debug("%s: predicted after %d replays", st.report.task_name, replays)
         st.report.predicted = True
         count += 1
+    if done < len(order):
+        logger.info("max_time reached after %d predicted schedules", count)
     return count

@@ -22,7 +22,8 @@ from ..work_dir import WorkDir, open_database
 from .extract import Task, extract_tasks
 from .hooks import SaveCostModel, Session, run_after_search, run_at_end, search_deadline
 from .loop import run_loop
-from .predict import predict_schedules
+from .predict import choose_here, predict_schedules
+from .predict_pool import WorkerChoices, worker_session
 from .progress import Progress
 from .scheduler import make_scheduler
 from .state import TaskReport, init_state
@@ -167,9 +168,10 @@ def _predict_only(tasks: Sequence[Task], families: list[Family], wd: WorkDir | N
                   db: Database, cfg: TuneConfig, start: float) -> list[TaskReport]:
     """The no-measurement compile's session (``measure=False``): each family leader's
     top-ranked candidate recorded as its predicted schedule (``predict.py``) and shared with
-    its twins, nothing built or timed. The searches replay their pools in the builder's
-    workers too; the pools share ``PREDICT_REPLAYS`` replays per task, and ``max_time``
-    where one is given."""
+    its twins, nothing built or timed. The builder's workers choose whole tasks beside this
+    process (``predict_pool``) where they can rebuild the session, else the searches replay
+    their pools there too; the pools share ``PREDICT_REPLAYS`` replays per task, and
+    ``max_time`` where one is given."""
     if wd is None:
         raise RelaxTuneError("measure=False needs a work_dir: the predicted schedules are "
                              "kept there for ApplyDatabase")
@@ -177,19 +179,24 @@ def _predict_only(tasks: Sequence[Task], families: list[Family], wd: WorkDir | N
     model = make_cost_model(cfg.cost_model, wd)
     leaders = [fam.leader for fam in families]
     progress = Progress(0, wd.log_file, enable_bar=False)
+    session = worker_session(db, wd, cfg) if isinstance(builder, LocalBuilder) else None
     try:
-        states = _states(leaders, db, cfg, model, _pool_of(builder), cfg.max_time,
-                         PREDICT_REPLAYS * len(leaders))
+        # whole tasks go to the workers where they can rebuild the session, else replays
+        states = _states(leaders, db, cfg, model, None if session else _pool_of(builder),
+                         cfg.max_time, PREDICT_REPLAYS * len(leaders))
         # after the searches are made: workers booting beside them slowed them by half
         # (the shipped library read 0.9 -> 1.9 s); the replays use them once they are up
         builder.start()
         deadline = None if cfg.max_time is None else start + cfg.max_time
-        count = predict_schedules(states, wd.open_predicted(create=True), deadline)
+        choices = WorkerChoices(_pool_of(builder), session, states) if session else None
+        count = predict_schedules(states, wd.open_predicted(create=True), deadline,
+                                  choices or choose_here)
         for st in states:
             st.report.status = "predicted" if st.report.predicted else "untuned"
         logger.info("no-measurement compile: predicted schedules for %d of %d tasks in %.1f s "
-                    "(the others keep their untuned code)", count, len(leaders),
-                    time.monotonic() - start)
+                    "(%d chosen in the builder's workers; the others keep their untuned code)",
+                    count, len(leaders), time.monotonic() - start,
+                    choices.in_workers if choices else 0)
         progress.table([st.report for st in states])
     finally:
         progress.close()
