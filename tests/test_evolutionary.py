@@ -337,3 +337,15 @@ def test_no_trace_measured_twice_in_a_run_or_across_a_resumed_run(tmp_path, targ
     # the model was saved for the next run, and holds every measured candidate
     warm = XGBModel()
     assert warm.load(WorkDir.of(work_dir).cost_model_dir) and warm.num_rows == 12
+
+
+def test_a_schedule_chosen_elsewhere_leads_the_first_batch(target):
+    """``lead_with``: the schedule a worker chose unmeasured for the task (``predict_pool``)
+    leads the first batch, replayed into the pool where this search's own pool lacks it."""
+    mod = matmul(64)
+    chosen = ReplaySearch(mod, target, seed=11).next_candidates(1)[0]
+    search = EvolutionarySearch(mod, target, seed=3)
+    search.lead_with(chosen.trace_json)
+    first = search.next_candidates(4)
+    assert first[0].key == chosen.key == candidate_key(chosen.trace_json)
+    assert all(c.key != chosen.key for c in search.next_candidates(4))

@@ -226,6 +226,7 @@ class EvolutionarySearch(SearchStrategy):
         self._transferred: list[tuple[str, bool]] = []  # (key, close enough to apply unmeasured)
         self._transfer_tried = False
         self._predicted_key: str | None = None  # best_predicted's choice: leads batch one
+        self._lead_trace: list | None = None  # ``lead_with``'s, until the first batch
         self._repeats = 0  # samples dropped as repeats of a pooled or returned program
         self.errors: dict[str, int] = {}
         """Why samples and mutants were dropped: reason -> count."""
@@ -424,6 +425,7 @@ class EvolutionarySearch(SearchStrategy):
         if not self._prepared:
             self._grow(exclude, at_least=n - len(self._pool))
         self._prepared = False
+        self._add_lead(exclude)
         if len(self._pool) < n:
             self._sample_fresh(n - len(self._pool), exclude)
         self._score_pool()
@@ -438,6 +440,28 @@ class EvolutionarySearch(SearchStrategy):
         logger.debug("evolutionary search %s: %d candidates, pool %d, %s", self.task, len(out),
                      len(self._pool), self.errors)
         return out
+
+    def lead_with(self, trace_json: list) -> None:
+        """Lead the first batch with the candidate of ``trace_json``, as ``best_predicted``'s
+        choice leads it: the schedule chosen unmeasured for this task in another process
+        (``tuning.predict_pool``). Where the pool this search grows lacks it (a pool bounded
+        in seconds differs from run to run), it is replayed into it."""
+        self._predicted_key = candidate_key(trace_json)
+        self._lead_trace = trace_json
+
+    def _add_lead(self, exclude: set[str] | frozenset[str]) -> None:
+        trace_json, self._lead_trace = self._lead_trace, None
+        if trace_json is None or self._given or self._predicted_key in self._pool:
+            return
+        try:
+            trace = schedule_from_json(self.mod, trace_json).trace
+        except Exception as err:  # noqa: BLE001 - the pool's own lead it is, then
+            logger.debug("the lead of %s does not replay here: %s", self.task, err)
+            return
+        job = Job(self.replayer.sketch_index(without_decisions(trace)), decisions_of(trace),
+                  self._seed())
+        (out,) = self._replay([job])
+        self._add(job, out, exclude)
 
     def best_predicted(self, exclude: set[str] | frozenset[str] = frozenset(),
                        accept=None, lookahead: int = 64, fits=None) -> Candidate | None:

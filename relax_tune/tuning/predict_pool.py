@@ -10,7 +10,9 @@ function for a few replays. A whole task is a unit that pays for its parse:
 while this process chooses from the back, as the replayer shares its jobs, and a worker makes
 the task's state as the session made it (``init_state`` with the same index, seed, shares,
 database, cost model and transferred schedules), so a task gets the same schedule whichever
-process chose it (the searches' pool sizes are this process's too).
+process chose it (the searches' pool sizes are this process's too). A measuring session
+does the same before its first batch, while the workers have nothing to build; a task a
+worker chose leads its first batch with that schedule (``EvolutionarySearch.lead_with``).
 
 Only a session of plain parts goes to the workers: its work_dir's own database, a cost model
 named (not an object), static tasks. Others choose here (``worker_session``).

@@ -123,7 +123,10 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
         measurer.start()  # worker start-up overlaps the first build
     try:
         if wd is not None and remaining > 0:  # the fallback of the tasks left unmeasured
-            predict_schedules(states, wd.open_predicted(create=True), deadline)
+            spec = worker_session(db, wd, cfg) if isinstance(builder, LocalBuilder) else None
+            # the workers idle until the first batch: they choose whole tasks meanwhile
+            predict_schedules(states, wd.open_predicted(create=True), deadline,
+                              WorkerChoices(replay_pool, spec, states) if spec else choose_here)
         run_loop(states, db, measurer, cfg, make_scheduler(cfg.task_scheduler, cfg.seed),
                  hooks, progress, remaining, deadline)
         run_after_search(hooks, session, start, cfg.max_time)
