@@ -35,9 +35,9 @@ on changed files reads them again."""
 
 
 def worker_session(db: Any, work_dir: Any, cfg: Any) -> dict | None:
-    """The plain description of a no-measurement session a worker can rebuild, or None when
-    it has parts a worker cannot make (a database other than the work_dir's own, a cost model
-    object)."""
+    """The plain description of a session a worker can rebuild to choose its predictions,
+    or None when it has parts a worker cannot make (a database other than the work_dir's
+    own, a cost model object)."""
     from ..database.json_database import JSONDatabase
 
     if work_dir is None or not isinstance(db, JSONDatabase) or not isinstance(cfg.cost_model,
