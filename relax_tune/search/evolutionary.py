@@ -33,10 +33,8 @@ best-predicted of a small pool grown first (``SMALL_POOL``), a hedge against the
 errors at the extremes of a large pool. The measurements: docs/design/first-pool.md.
 
 With a transfer source (``SearchContext.transfer``), the first pool also gets the best
-schedules of the task's closest alike workloads, refitted to its shapes
-(``relax_tune.transfer``); they lead the first batch, become parents once measured, and
-the close, faithfully refitted ones of this machine's class are ``best_predicted``'s
-answer, ahead of the model's (``MAX_APPLY_DISTANCE``, ``MIN_APPLY_KEPT``).
+schedules of the task's closest alike workloads, refitted to its shapes; they lead the first
+batch, become parents once measured, and may be ``best_predicted``'s answer (``sketch_leads``).
 
 Steps 1 and 2 run early, in ``prepare``, when the tuner calls it while the previous batch
 builds; the call then only re-scores the pool with the model that has learnt that batch,
@@ -68,25 +66,11 @@ from .base import Candidate, SearchContext, SearchStrategy
 from .mutators import Mutator, default_mutators
 from .pool_budget import MIN_TIMED_POOL, PoolBudget
 from .replayer import Job, Outcome, Replayer, decisions_of, with_decisions
-from .sketch_leads import first_batch_order, replay_transferred
+from .sketch_leads import applies_unmeasured, first_batch_order, put_first, replay_transferred
 
 logger = logging.getLogger("relax_tune.search")
 
 _SEED_HIGH = 2**31 - 1
-MAX_APPLY_DISTANCE = 4.5
-"""A transferred schedule from a workload this close (``transfer.similarity.shape_distance``)
-and a machine of this one's class is the no-measurement choice over the model's. Measured
-against the model's choice on ResNet-18's and MobileNetV2's tasks (each task's schedule
-transferred from its closest other alike task): up to 4.5 the transferred one was as fast
-(within 5%) or faster on 21 of 26 tasks; past it slower on 8 of 13, up to 5x
-(docs/design/transfer.md)."""
-MIN_APPLY_KEPT = 0.5
-"""... and only when the refitted inner tiles are at least half (and at most twice) the
-size of the source's in every tiling (``transfer.refit.Refitted.kept``): a source whose
-tiles the new extents cannot come near gives another, untuned schedule. With the library's
-160x160 models on ResNet-18 and MobileNetV2 at 224x224 (5x5 maps against 7x7), the schedules
-that pass ran their kernels 11% faster than the model's choices in sum, weighted by calls
-(39.8 against 44.9 ms; 9.1 against 10.2 ms: docs/design/transfer.md)."""
 
 @dataclass
 class _Entry:
@@ -442,10 +426,8 @@ class EvolutionarySearch(SearchStrategy):
         return out
 
     def lead_with(self, trace_json: list) -> None:
-        """Lead the first batch with the candidate of ``trace_json``, as ``best_predicted``'s
-        choice leads it: the schedule chosen unmeasured for this task in another process
-        (``tuning.predict_pool``). Where the pool this search grows lacks it (a pool bounded
-        in seconds differs from run to run), it is replayed into it."""
+        """Lead the first batch with ``trace_json``'s candidate (chosen unmeasured in another
+        process, ``tuning.predict_pool``), replayed into the pool where the pool lacks it."""
         self._predicted_key = candidate_key(trace_json)
         self._lead_trace = trace_json
 
@@ -454,20 +436,17 @@ class EvolutionarySearch(SearchStrategy):
         if trace_json is None or self._given or self._predicted_key in self._pool:
             return
         try:
-            trace = schedule_from_json(self.mod, trace_json).trace
+            job = self._job_of(schedule_from_json(self.mod, trace_json).trace)
         except Exception as err:  # noqa: BLE001 - the pool's own lead it is, then
             logger.debug("the lead of %s does not replay here: %s", self.task, err)
             return
-        job = Job(self.replayer.sketch_index(without_decisions(trace)), decisions_of(trace),
-                  self._seed())
-        (out,) = self._replay([job])
-        self._add(job, out, exclude)
+        self._add(job, self._replay([job])[0], exclude)
 
     def best_predicted(self, exclude: set[str] | frozenset[str] = frozenset(),
                        accept=None, lookahead: int = 64, fits=None) -> Candidate | None:
         """The schedule to apply unmeasured, left in the pool (the next call may return it):
-        the closest transferred one of a machine of this class within ``MAX_APPLY_DISTANCE``
-        that kept ``MIN_APPLY_KEPT`` of its tiles and passes ``fits``, else the model's first
+        the closest transferred one that applies unmeasured
+        (``sketch_leads.applies_unmeasured``) and passes ``fits``, else the model's first
         (the pool grown first, as ``prepare``), or the first of its ``lookahead`` best that
         passes ``accept`` (a check, or checks by preference) where one does. None if neither."""
         ranks = getattr(self.model, "ranks", None)
@@ -549,13 +528,14 @@ class EvolutionarySearch(SearchStrategy):
         except Exception as err:  # noqa: BLE001 - a transfer is a bonus, never a failure
             logger.debug("transfer for %s failed: %s", self.task, err)
             return
-        def job(trace: Trace) -> Job:
-            return Job(self.replayer.sketch_index(without_decisions(trace)),
-                       decisions_of(trace), self._seed())
-        for item, (job_, out) in zip(found, replay_transferred(found, job, self._replay)):
-            if self._add(job_, out, exclude):
-                self._transferred.append((out.key, item.same_class and (
-                    item.distance <= MAX_APPLY_DISTANCE and item.kept >= MIN_APPLY_KEPT)))
+        for item, (job, out) in zip(found, replay_transferred(found, self._job_of,
+                                                              self._replay)):
+            if self._add(job, out, exclude):
+                self._transferred.append((out.key, applies_unmeasured(item)))
+
+    def _job_of(self, trace: Trace) -> Job:
+        return Job(self.replayer.sketch_index(without_decisions(trace)), decisions_of(trace),
+                   self._seed())
 
     def _transferred_entries(self, applicable_only: bool = False) -> list[_Entry]:
         return [self._pool[key] for key, close in self._transferred
@@ -564,14 +544,10 @@ class EvolutionarySearch(SearchStrategy):
     def _select(self, n: int, epsilon: float) -> list[Candidate]:
         ranked = sorted(self._pool.values(), key=lambda e: -e.score)
         if self._transferred:  # transferred schedules lead the first batch
-            first = self._transferred_entries()[:n]
-            taken = {e.cand.key for e in first}
-            ranked = first + [e for e in ranked if e.cand.key not in taken]
+            ranked = put_first(self._transferred_entries()[:n], ranked)
         if self._ranked_first and self._small_pool:  # its best first (module docstring)
             small = [e for e in ranked if e.cand.key in self._small_pool]
-            first = small[:int(round(self.small_pool_share * n))]
-            taken = {e.cand.key for e in first}
-            ranked = first + [e for e in ranked if e.cand.key not in taken]
+            ranked = put_first(small[:int(round(self.small_pool_share * n))], ranked)
         if not self._given:  # the first batch: the predicted and tensorizing ones lead
             ranked = first_batch_order(ranked, self.replayer.sketches, n, self._predicted_key)
         n_random = min(len(ranked), int(math.floor(epsilon * n + self.rng.random())))

@@ -39,6 +39,12 @@ def first_batch_order(ranked: list, sketches: list[Trace], n: int,
     return first + [e for e in ranked if all(e is not f for f in first)]
 
 
+def put_first(first: list, ranked: list) -> list:
+    """``ranked`` (pool entries) with the entries of ``first`` moved to its front."""
+    taken = {e.cand.key for e in first}
+    return first + [e for e in ranked if e.cand.key not in taken]
+
+
 def replay_transferred(found: list, job: Callable, replay: Callable) -> list[tuple]:
     """``(job, outcome)`` of each transferred schedule (``transfer.Transferred``), replayed
     together by ``replay`` (jobs made by ``job(trace)``). Where the postprocessing rejects
@@ -55,3 +61,27 @@ def replay_transferred(found: list, job: Callable, replay: Callable) -> list[tup
         for i, job_, out in zip(retry, again, replay(again) if again else []):
             jobs[i], outs[i] = job_, out
     return list(zip(jobs, outs))
+
+
+MAX_APPLY_DISTANCE = 4.5
+"""A transferred schedule from a workload this close (``transfer.similarity.shape_distance``)
+and a machine of this one's class is the no-measurement choice over the model's. Measured
+against the model's choice on ResNet-18's and MobileNetV2's tasks (each task's schedule
+transferred from its closest other alike task): up to 4.5 the transferred one was as fast
+(within 5%) or faster on 21 of 26 tasks; past it slower on 8 of 13, up to 5x
+(docs/design/transfer.md)."""
+MIN_APPLY_KEPT = 0.5
+"""... and only when the refitted inner tiles are at least half (and at most twice) the
+size of the source's in every tiling (``transfer.refit.Refitted.kept``): a source whose
+tiles the new extents cannot come near gives another, untuned schedule. With the library's
+160x160 models on ResNet-18 and MobileNetV2 at 224x224 (5x5 maps against 7x7), the schedules
+that pass ran their kernels 11% faster than the model's choices in sum, weighted by calls
+(39.8 against 44.9 ms; 9.1 against 10.2 ms: docs/design/transfer.md)."""
+
+
+def applies_unmeasured(item) -> bool:
+    """Whether a transferred schedule (``transfer.Transferred``) is applied without
+    measurement, ahead of the model's choice: tuned on a machine of this one's class, from a
+    workload within ``MAX_APPLY_DISTANCE``, its tiles refitted within ``MIN_APPLY_KEPT``."""
+    return bool(item.same_class and item.distance <= MAX_APPLY_DISTANCE
+                and item.kept >= MIN_APPLY_KEPT)
