@@ -89,17 +89,10 @@ class LoadedModel:
         from .utils import parse_target
         from .work_dir import WorkDir
 
-        target = parse_target(target)
-        passes = finish_passes(target, WorkDir.of(work_dir),
-                               default_prepack(target, self._params(), False),
-                               shape_hints=shape_hints)
-
-        @tvm.transform.module_pass(opt_level=0, name="relax_tune.finish")
-        def finish(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-            with target:
-                return passes(mod)
-
-        return tvm.compile(lowered, target, relax_pipeline=finish)
+        target = parse_target(target)  # tvm.compile runs the passes under it
+        return tvm.compile(lowered, target, relax_pipeline=finish_passes(
+            target, WorkDir.of(work_dir), default_prepack(target, self._params(), False),
+            shape_hints=shape_hints))
 
     def compile_pipeline(self, target: Any, work_dir: str, **kwargs: Any) -> Any:
         """The "relax_tune" pipeline for this model with its ``params`` (so weights are

@@ -511,8 +511,8 @@ def test_the_workers_choose_the_schedules_this_process_would(target, tmp_path, m
 
     def chosen(work_dir: str) -> dict:
         predicted = WorkDir(work_dir).open_predicted()
-        return {t.task_name: str((predicted.query_schedule(t.mod, target) or
-                                  types.SimpleNamespace(trace=None)).trace) for t in tasks}
+        schedules = {t.task_name: predicted.query_schedule(t.mod, target) for t in tasks}
+        return {name: str(sch.trace) if sch else "None" for name, sch in schedules.items()}
 
     builder = LocalBuilder()
     try:

@@ -448,9 +448,6 @@ def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
         if trace_json is None:
             continue  # small, or no untiled candidate of the model's best is safe: untuned
         predicted.add(st.task.mod, trace_json, st.task.target, st.task.args_info)
-        lead_with = getattr(st.search, "lead_with", None)
-        if lead_with is not None:  # chosen in a worker: the session measures it first
-            lead_with(trace_json)
         logger.debug("%s: predicted after %d replays", st.report.task_name, replays)
         st.report.predicted = True
         count += 1

@@ -34,14 +34,16 @@ source), keyed by the work_dir and its database files' sizes and times, so a lat
 on changed files reads them again."""
 
 
-def worker_session(db: Any, work_dir: Any, cfg: Any) -> dict | None:
+def worker_session(db: Any, work_dir: Any, cfg: Any, builder: Any) -> dict | None:
     """The plain description of a session a worker can rebuild to choose its predictions,
     or None when it has parts a worker cannot make (a database other than the work_dir's
-    own, a cost model object)."""
+    own, a cost model object) or its builder has no workers of ours (not a
+    ``LocalBuilder``)."""
     from ..database.json_database import JSONDatabase
+    from ..measure import LocalBuilder
 
-    if work_dir is None or not isinstance(db, JSONDatabase) or not isinstance(cfg.cost_model,
-                                                                              str):
+    if work_dir is None or not isinstance(builder, LocalBuilder) \
+            or not isinstance(db, JSONDatabase) or not isinstance(cfg.cost_model, str):
         return None
     if os.path.abspath(getattr(db, "path_workload", "")) != os.path.abspath(
             work_dir.workload_file):
@@ -150,6 +152,9 @@ class WorkerChoices:
                 trace_json, replays, error = None, 0, error_line(err)
             if error is None:
                 self.in_workers += 1
+                lead_with = getattr(st.search, "lead_with", None)
+                if trace_json is not None and lead_with is not None:
+                    lead_with(trace_json)  # a measuring session measures it first
                 yield st, trace_json, replays, None
             elif not late:
                 yield from choose_here([st], None)

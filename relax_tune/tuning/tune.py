@@ -123,7 +123,7 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
         measurer.start()  # worker start-up overlaps the first build
     try:
         if wd is not None and remaining > 0:  # the fallback of the tasks left unmeasured
-            spec = worker_session(db, wd, cfg) if isinstance(builder, LocalBuilder) else None
+            spec = worker_session(db, wd, cfg, builder)
             # the workers idle until the first batch: they choose whole tasks meanwhile
             predict_schedules(states, wd.open_predicted(create=True), deadline,
                               WorkerChoices(replay_pool, spec, states) if spec else choose_here)
@@ -182,7 +182,7 @@ def _predict_only(tasks: Sequence[Task], families: list[Family], wd: WorkDir | N
     model = make_cost_model(cfg.cost_model, wd)
     leaders = [fam.leader for fam in families]
     progress = Progress(0, wd.log_file, enable_bar=False)
-    session = worker_session(db, wd, cfg) if isinstance(builder, LocalBuilder) else None
+    session = worker_session(db, wd, cfg, builder)
     try:
         # whole tasks go to the workers where they can rebuild the session, else replays
         states = _states(leaders, db, cfg, model, None if session else _pool_of(builder),
