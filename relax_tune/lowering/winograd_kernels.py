@@ -6,7 +6,8 @@ with the 36 x 36 Kronecker product of ``B^T`` with itself: 1,296 multiply-adds p
 channel, of which 484 multiply by a non-zero, and two passes over a tensor 2.25x the
 input's size. Applied as two 6 x 6 products with the zeros left out, the transform is 264
 operations, most of them additions (the coefficients are small integers), and the tiles are
-read straight from the padded input.
+read straight from the input, a zero vector where a tile reaches past its edge (the padding
+no longer a pass of its own over memory).
 
 ``input_transform_func`` writes that kernel for one shape: parallel over tiles, a loop over
 channel groups of one SIMD register each, and in its body the 36 vector loads of the tile,
@@ -45,13 +46,15 @@ def _combination(coefs, values: list, lanes: int):
 
 
 @functools.lru_cache(maxsize=None)
-def input_transform_func(padded_shape: tuple[int, int, int, int], tiles: tuple[int, int],
+def input_transform_func(shape: tuple[int, int, int, int], tiles: tuple[int, int],
                          m: int, lanes: int, bt: bytes) -> tvm.tirx.PrimFunc:
-    """The kernel of ``V[a * (m+2) + b, p, c] = sum_ij bt[a, i] bt[b, j] x[n, ti*m + i,
-    tj*m + j, c]`` for the padded NHWC input ``x`` of ``padded_shape`` and the tile grid
-    ``tiles`` (``p`` runs over (n, ti, tj)); ``bt``: the (m+2) x (m+2) float64 ``B^T`` as
-    bytes (hashable). ``c`` must be a multiple of ``lanes``."""
-    n, hp, wp, c = padded_shape
+    """The kernel of ``V[a * (m+2) + b, p, c] = sum_ij bt[a, i] bt[b, j] xp[n, ti*m + i,
+    tj*m + j, c]`` for the NHWC input ``x`` of ``shape`` and the tile grid ``tiles`` (``p``
+    runs over (n, ti, tj)), where ``xp`` is ``x`` padded with zeros, one pixel before and
+    up to the tile grid after: the kernel reads ``x`` itself, zero where a tile reaches
+    past it. ``bt``: the (m+2) x (m+2) float64 ``B^T`` as bytes (hashable). ``c`` must be
+    a multiple of ``lanes``."""
+    n, h, w, c = shape
     th, tw = tiles
     alpha = m + 2
     b_t = np.frombuffer(bt, dtype=np.float64).reshape(alpha, alpha)
@@ -59,7 +62,7 @@ def input_transform_func(padded_shape: tuple[int, int, int, int], tiles: tuple[i
     with IRBuilder() as builder:
         with T.prim_func(s_tir=True):
             T.func_name("winograd_input_transform")
-            x = T.arg("x", T.Buffer((n, hp, wp, c), "float32"))
+            x = T.arg("x", T.Buffer((n, h, w, c), "float32"))
             v = T.arg("v", T.Buffer((alpha * alpha, p_count, c), "float32"))
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True,
                          "op_pattern": OPAQUE})
@@ -68,9 +71,16 @@ def input_transform_func(padded_shape: tuple[int, int, int, int], tiles: tuple[i
                     with T.serial(0, c // lanes) as co:
                         with T.sblock("winograd_input_transform"):
                             vec = T.Ramp(co * lanes, 1, lanes)
-                            row0, col0 = p % (th * tw) // tw * m, p % tw * m
-                            d = [[x[p // (th * tw), row0 + i, col0 + j, vec]
-                                  for j in range(alpha)] for i in range(alpha)]
+                            row0, col0 = p % (th * tw) // tw * m - 1, p % tw * m - 1
+                            zero = T.Broadcast(T.float32(0.0), lanes)
+
+                            def pixel(i, j):
+                                row, col = row0 + i, col0 + j
+                                return T.if_then_else(
+                                    tvm.tirx.all(0 <= row, row < h, 0 <= col, col < w),
+                                    x[p // (th * tw), row, col, vec], zero)
+
+                            d = [[pixel(i, j) for j in range(alpha)] for i in range(alpha)]
                             # t = B^T d, then V = t B, written out whole: no let-bound
                             # vectors (each became a workspace allocation), LLVM merges the
                             # repeated loads and sums
