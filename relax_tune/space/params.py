@@ -28,6 +28,10 @@ ANN_TILED = "relax_tune.tiling_structure"
 ANN_PACK = "relax_tune.pack_operands"
 """Block annotation: 1 when the postprocessor packs the block's reused inputs in the kernel
 (a sampled choice; see ``operand_packing``)."""
+ANN_WHOLE_LOOP = "relax_tune.whole_loop"
+"""Block annotation: the position of a loop the multi-level tiling splits only inside the
+tile levels where the write-back may go, so each of those tiles covers all of it (a
+grouped convolution's channel within its group: ``group_axis``)."""
 
 _AVX512_CPUS = ("avx512", "skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake",
                 "sapphirerapids", "graniterapids", "emeraldrapids", "rocketlake", "znver4",

@@ -12,7 +12,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from .. import analysis as A
 from .operand_packing import packable_reads
-from ..params import ANN_PACK, ANN_TILED, TargetParams
+from ..params import ANN_PACK, ANN_TILED, ANN_WHOLE_LOOP, TargetParams
 from ..rule import Postproc, ScheduleRule
 
 logger = logging.getLogger(__name__)
@@ -161,11 +161,16 @@ class MultiLevelTiling(ScheduleRule):
                 vec_loop = i
                 break
         lanes = self.params.lanes(A.write_dtype(sch, block))
+        whole = A.node(sch, block).annotations.get(ANN_WHOLE_LOOP)
         for i, (loop, kind) in enumerate(zip(loops, types)):
             extent = A.loop_extent(sch, loop)
             levels = self.s_levels if kind == A.DATA_PAR else self.r_levels
             if extent is None:
                 raise ValueError("symbolic loop extent")
+            if whole is not None and i == int(whole) and kind == A.DATA_PAR:
+                # split only inside the levels where the write-back may go: a tile there
+                # covers all of the loop
+                levels = levels[max(self.write_levels, default=0):] or levels[-1:]
             if extent == 1 or len(levels) == 1:
                 tiles[levels[0]].append(loop)
                 continue
