@@ -211,6 +211,27 @@ def test_a_pool_of_so_many_replays_replays_that_many_and_picks_the_same(target):
     assert pools[0] == pools[1]
 
 
+def test_a_first_pool_with_seconds_and_replays_gets_the_replays_whatever_the_seconds(target):
+    """A measuring session under a time limit gives each task's first pool seconds and the
+    no-measurement compile's replays: the first pool replays those however short the
+    seconds (the same pool, so the same predicted schedule, as the no-measurement compile),
+    and a later pool is held to the seconds alone."""
+    pools = []
+    for secs in (1e-3, None):  # seconds spent at once, and replays alone
+        search = EvolutionarySearch(matmul(256), target, seed=3, ranked_pool=512,
+                                    context=SearchContext(cost_model=PriorXGBModel(),
+                                                          pool_secs=secs, pool_replays=20))
+        search.prepare()
+        assert search.stats["replays"] == 20, search.stats
+        pools.append(sorted(search._pool))
+    assert pools[0] == pools[1]
+    search.context.pool_secs = 1e-3
+    given = search.next_candidates(4)
+    before = search.stats["replays"]
+    search.next_candidates(4, exclude={c.key for c in given})  # a later pool: seconds only
+    assert search.stats["replays"] - before <= 32
+
+
 def test_a_space_of_few_programs_stops_sampling_after_a_streak_of_duplicates(target):
     """An elementwise function has a handful of distinct programs: the first pool (the
     large one the prior ranks) stops after ``max_fail_streak`` duplicates in a row instead

@@ -488,11 +488,11 @@ class EvolutionarySearch(SearchStrategy):
         return self._budget.chunk(wanted, floor, self.stats["replays"], self.stats["replay_secs"])
 
     def _grow(self, exclude: set[str] | frozenset[str], at_least: int = 0) -> None:
-        """Fresh samples and mutation rounds for the next call; the first pool is the larger
-        one when the model already ranks the task (module docstring). With a budget per pool
-        (``SearchContext.pool_secs``, ``pool_replays``) the growing stops when it is spent,
-        after at least ``MIN_TIMED_POOL`` fresh samples (and ``at_least``)."""
-        self._budget.start(self.context.pool_secs, self.context.pool_replays)
+        """Fresh samples and mutation rounds for the next call (the first pool larger when the
+        model ranks the task). With a budget per pool (``SearchContext.pool_secs``; the first
+        ``pool_replays`` too) growing stops when it is spent, after ``MIN_TIMED_POOL`` samples."""
+        self._budget.start(self.context.pool_secs, None if self._grown else
+                           self.context.pool_replays)
         try:
             self._grow_pool(exclude, at_least)
         finally:

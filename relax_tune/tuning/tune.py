@@ -111,7 +111,10 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
     model = make_cost_model(cfg.cost_model, wd)  # a name, or a CostModel passed through
     # the searches replay candidates in the builder's workers too while those idle
     replay_pool = _pool_of(builder)
-    states = _states(tuned, db, cfg, model, replay_pool, cfg.max_time)
+    # under a time limit the first pools get the no-measurement compile's replays at least:
+    # the schedules predicted for the tasks left unmeasured are then no worse than its
+    states = _states(tuned, db, cfg, model, replay_pool, cfg.max_time,
+                     None if cfg.max_time is None else PREDICT_REPLAYS * len(tuned))
     hooks = [*dynamic_hooks(tuned, cfg, wd), SaveCostModel()]
     session = Session(tuned, db, measurer, wd, cfg, model)
     per_task = cfg.per_task_budget
@@ -173,8 +176,8 @@ def _predict_only(tasks: Sequence[Task], families: list[Family], wd: WorkDir | N
     top-ranked candidate recorded as its predicted schedule (``predict.py``) and shared with
     its twins, nothing built or timed. The builder's workers choose whole tasks beside this
     process (``predict_pool``) where they can rebuild the session, else the searches replay
-    their pools there too; the pools share ``PREDICT_REPLAYS`` replays per task, and
-    ``max_time`` where one is given."""
+    their pools there too; the pools share ``PREDICT_REPLAYS`` replays per task (a number,
+    not seconds: the same pools in every run), and ``max_time`` stops the choosing."""
     if wd is None:
         raise RelaxTuneError("measure=False needs a work_dir: the predicted schedules are "
                              "kept there for ApplyDatabase")
@@ -186,7 +189,7 @@ def _predict_only(tasks: Sequence[Task], families: list[Family], wd: WorkDir | N
     try:
         # whole tasks go to the workers where they can rebuild the session, else replays
         states = _states(leaders, db, cfg, model, None if session else _pool_of(builder),
-                         cfg.max_time, PREDICT_REPLAYS * len(leaders))
+                         None, PREDICT_REPLAYS * len(leaders))  # the same pools every run
         # after the searches are made: workers booting beside them slowed them by half
         # (the shipped library read 0.9 -> 1.9 s); the replays use them once they are up
         builder.start()
