@@ -9,10 +9,11 @@ remapped to ``(ff // G, ff % G)`` the index is ``(g * G + f) // G * G + rc``, wh
 analyzer simplifies to ``g * G + rc`` under the iters' ranges (``analysis.loop_strides``).
 
 The channel within the group is split only inside the tiles the epilogue may be computed
-under (``ANN_WHOLE_LOOP``): a tile of part of it and of several groups writes channels with gaps between them, and the
-epilogue computed under that tile took the bounding range of channels, reading ones no job
-had written yet (6 of 11 random candidates of a 28x28x64 convolution of 8 groups were
-wrong; such a candidate is what the no-measurement compile may choose, unchecked).
+under (``ANN_WHOLE_LOOP``): a tile of part of it and of several groups writes channels
+with gaps between them, and the epilogue computed under that tile took the bounding range
+of channels, reading ones no job had written yet (6 of 11 random candidates of a 28x28x64
+convolution of 8 groups were wrong; such a candidate is what the no-measurement compile
+may choose, unchecked).
 """
 
 from __future__ import annotations
