@@ -226,8 +226,9 @@ def _states(tasks: Sequence[Task], db: Database, cfg: TuneConfig, model, replay_
 PREDICT_REPLAYS = 24
 """Candidates per task a no-measurement session replays into its pools (shared as
 ``pool_shares``), and a measuring session under a time limit at least into its first pools:
-a number, not seconds, so that the same model compiles to the same schedules in every run. In seconds (1.5 per task), ShuffleNetV2's convolutions picked
-schedules up to 5 ms apart in two compiles of one process (docs/design/time-budget.md)."""
+a number, not seconds, so that the same model compiles to the same schedules in every run.
+In seconds (1.5 per task), ShuffleNetV2's convolutions picked schedules up to 5 ms apart in
+two compiles of one process (docs/design/time-budget.md)."""
 
 
 def build_timeout(max_time: float | None) -> float:
