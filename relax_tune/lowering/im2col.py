@@ -66,9 +66,8 @@ def _rows_and_row(kh: int, kw: int, c: int, group: int) -> tuple[int, int]:
     """The padded window ``(rows, row bytes)`` whose columns are the shortest: a row of
     whole pixels and whole dot groups, or of a power of two bytes, each with as many window
     rows as fill whole ``group``-byte columns."""
-    choices = []
-    for row in (-(-kw * c // math.lcm(c, DOT_DEPTH)) * math.lcm(c, DOT_DEPTH),
-                _pow2_at_least(kw * c)):
+    choices, unit = [], math.lcm(c, DOT_DEPTH)
+    for row in (-(-kw * c // unit) * unit, _pow2_at_least(kw * c)):
         if row % c == 0:  # a column row holds whole pixels
             step = group // math.gcd(row, group)  # rows whose columns fill whole groups
             choices.append((-(-kh // step) * step * row, row))

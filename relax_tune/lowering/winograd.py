@@ -144,7 +144,6 @@ def winograd_conv2d(x: relax.Expr, w_ohwi: np.ndarray, m: int = TILE,
     a_mat, b_mat, _ = transform_matrices(m)
     th, tw = math.ceil(h / m), math.ceil(wd / m)
     p = n * th * tw
-    hp, wp = th * m + 2, tw * m + 2
     f32 = "float32"
     lanes = _vector_lanes(c, lanes)
     if builder is not None and lanes:
@@ -153,6 +152,7 @@ def winograd_conv2d(x: relax.Expr, w_ohwi: np.ndarray, m: int = TILE,
         v = relax.call_tir(builder.add_func(func, "winograd_input_transform"), [x],
                            relax.TensorType([alpha * alpha, p, c], f32))
     else:
+        hp, wp = th * m + 2, tw * m + 2
         padded = relax.op.nn.pad(x, [0, 0, 1, hp - h - 1, 1, wp - wd - 1, 0, 0])
         rows, _, _ = _tile_indices(n, h, wd, m)
         # "clip": the indices are in bounds; TVM's "fast" mode would log a warning per kernel
