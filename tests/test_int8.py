@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
+from tvm.s_tir import Schedule
 from tvm.target import codegen
 
 import relax_tune as rt
@@ -37,6 +38,7 @@ from relax_tune.space.cpu.layout_rewrite import layout_free_buffers
 from relax_tune.space import generate_design_space, space_for_target, without_decisions
 from relax_tune.lowering.int8_pairs import pairs_fit
 from relax_tune.space.cpu.int8_dot import narrow_pair_weight
+from relax_tune.space.cpu.int8_tile import padding_block_name
 from relax_tune.space.cpu.int8_intrin import (AVX2_8X2, AVX2_8X4_NARROW, AVXVNNI_8X4, VNNI_16X4,
                                               marked_narrow,
                                               int8_dot_intrinsic)
@@ -414,6 +416,42 @@ def test_int8_kernels_are_tensorized_with_vpdpbusd(kind):
         host = host_target()
         if int8_dot_intrinsic(host) == VNNI_16X4:  # the host runs it: same integers
             np.testing.assert_array_equal(_run(candidate.sch.mod, host), _run(mod, host))
+
+
+@pytest.mark.parametrize("isa", ["vnni", "avx2"])
+def test_a_convolutions_own_padding_is_computed_in_its_parallel_jobs(isa):
+    # a zero point of 0 leaves the padding to the convolution (no pad kernel before it):
+    # the sketch keeps the padding block out of the instruction's load, computes it in each
+    # parallel job, and still tensorizes
+    target = {"vnni": VNNI, "avx2": AVX2}[isa]
+    mod = integer_kernel("conv2d", target, padding=1)
+    pad = padding_block_name(Schedule(mod), "conv2d_nhwc")
+    assert pad
+    space = space_for_target(target)
+    (sketch,) = generate_design_space(mod, target)
+    assert any("Tensorize" in i.kind.name for i in sketch.insts)
+    instruction = {"vnni": "vpdpbusd", "avx2": "vpmaddwd"}[isa]
+    host = host_target()
+    for seed in (11, 12):
+        candidate = space.replay(mod, without_decisions(sketch), seed=seed)
+        assert candidate.error is None, candidate.error
+        sch = candidate.sch
+        outer = sch.get(sch.get_loops(sch.get_sblock(pad))[0])
+        assert outer.kind == tvm.tirx.ForKind.PARALLEL
+        assert instruction in _asm(sch.mod, target)
+        if int8_dot_intrinsic(host) in ({VNNI_16X4} if isa == "vnni" else
+                                        {VNNI_16X4, AVX2_8X2}):  # the host runs it
+            np.testing.assert_array_equal(_run(sch.mod, host), _run(mod, host))
+
+
+@needs_ort
+def test_a_zero_point_of_zero_leaves_the_padding_to_the_convolution(models):
+    out = IntegerQDQ()(load_model(models["cnn"][1]).mod)
+    # the image (zero point not 0, 3 channels padded to 4) is padded by a pad; the
+    # depthwise convolution's input (after ReLU and max pool: zero point 0) is not
+    (pad,) = _calls(out, "relax.nn.pad")
+    depthwise = [c for c in _calls(out, "relax.nn.conv2d", "int32") if int(c.attrs.groups) > 1]
+    assert len(depthwise) == 1 and [int(p) for p in depthwise[0].attrs.padding] == [1] * 4
 
 
 def test_targets_without_the_instruction_keep_the_block_rules():

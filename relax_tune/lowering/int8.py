@@ -162,10 +162,12 @@ def _integer_conv(qx: relax.Expr, attrs, w: np.ndarray, zx: int) -> tuple[relax.
     extra = -w.shape[1] % CHANNEL_MULTIPLE if int(attrs.groups) == 1 else 0
     if extra:  # zero weights for the added channels: whatever they read adds nothing
         w = np.pad(w, [(0, 0), (0, extra), (0, 0), (0, 0)])
-    if top or left or bottom or right or extra:
+    inside = zx == 0 and not extra  # the convolution's own zero padding: computed in its
+    if (top or left or bottom or right or extra) and not inside:  # kernel (pad_in_jobs)
         qx = relax.op.nn.pad(qx, [0, 0, 0, extra, top, bottom, left, right],
                              pad_value=float(zx))
-    acc = relax.op.nn.conv2d(qx, relax.const(w), strides=attrs.strides, padding=[0, 0, 0, 0],
+    acc = relax.op.nn.conv2d(qx, relax.const(w), strides=attrs.strides,
+                             padding=attrs.padding if inside else [0, 0, 0, 0],
                              dilation=attrs.dilation, groups=attrs.groups,
                              data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW",
                              out_dtype="int32")

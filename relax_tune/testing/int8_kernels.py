@@ -19,7 +19,8 @@ WEIGHT_BOUND = {8: 127, 7: 64}
 
 def integer_kernel(kind: str, target: tvm.target.Target, rows: int = 16, reduce: int = 64,
                    channels: int = 32, size: int = 8, zero_point: int | None = None,
-                   weights_bound: bool = False, weight_bits: int = 8) -> tvm.IRModule:
+                   weights_bound: bool = False, weight_bits: int = 8,
+                   padding: int = 0) -> tvm.IRModule:
     """The int8 task of a one-layer model written with the Relax ops ``IntegerQDQ`` emits,
     lowered for ``target`` (``lowering_passes``; ``weights_bound``: the weight marked
     layout-free, as a model's bound weights are, ``cpu_weight_prepack``; ``weight_bits=7``:
@@ -29,7 +30,9 @@ def integer_kernel(kind: str, target: tvm.target.Target, rows: int = 16, reduce:
     - ``kind="matmul"``: u8 ``(rows, reduce)`` x s8 ``(reduce, channels)``;
     - ``kind="conv2d"``: u8 ``(1, reduce, size, size)`` x s8 ``(channels, reduce, 3, 3)``,
       unpadded, or with ``zero_point``: padded by 1 with it first (a separate ``pad``, as
-      ``IntegerQDQ`` emits it: a kernel of its own, the task reads the padded input);
+      ``IntegerQDQ`` emits it: a kernel of its own, the task reads the padded input), or
+      with ``padding``: the convolution's own zero padding (as ``IntegerQDQ`` emits it
+      for a zero point of 0: the task pads inside);
 
     then ``uint8(clip(round(float(acc) / 4096), 0, 255))``."""
     rng = np.random.default_rng(3)
@@ -43,7 +46,7 @@ def integer_kernel(kind: str, target: tvm.target.Target, rows: int = 16, reduce:
     return _layer(kind, target, rows, reduce, channels, size, "uint8",
                   lambda *shape: rng.integers(-bound, bound + 1, shape).astype("int8"),
                   None if zero_point is None else float(zero_point), "int32", epilogue,
-                  weights_bound)
+                  weights_bound, padding)
 
 
 def float_kernel(kind: str, target: tvm.target.Target, rows: int = 16, reduce: int = 64,
@@ -58,7 +61,7 @@ def float_kernel(kind: str, target: tvm.target.Target, rows: int = 16, reduce: i
 
 
 def _layer(kind, target, rows, reduce, channels, size, in_dtype, weight, pad_value,
-           acc_dtype, epilogue, weights_bound) -> tvm.IRModule:
+           acc_dtype, epilogue, weights_bound, padding=0) -> tvm.IRModule:
     from ..transform import extract_tasks, lowering_passes
 
     if kind == "matmul":
@@ -69,7 +72,7 @@ def _layer(kind, target, rows, reduce, channels, size, in_dtype, weight, pad_val
         data = x if pad_value is None else relax.op.nn.pad(
             x, [0, 0, 0, 0, 1, 1, 1, 1], pad_value=pad_value)
         acc = relax.op.nn.conv2d(data, relax.const(weight(channels, reduce, 3, 3)),
-                                 out_dtype=acc_dtype)
+                                 padding=[padding] * 4, out_dtype=acc_dtype)
     else:
         raise ValueError(f"kind must be 'matmul' or 'conv2d', not {kind!r}")
     bb = relax.BlockBuilder()

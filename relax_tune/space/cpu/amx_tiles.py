@@ -32,7 +32,8 @@ from tvm.s_tir import Schedule
 
 from .. import analysis as A
 from .amx_intrin import AmxTile, fits, register
-from .int8_tile import rows_into_jobs, write_back_and_pack
+from .int8_tile import pad_in_jobs, padding_block_name, rows_into_jobs, \
+    write_back_and_pack
 
 AMX_LANES = 16
 """Output channels of one accumulator tile (64 bytes of int32)."""
@@ -83,6 +84,7 @@ def schedule_amx(sch: Schedule, shape, row_tiles: int, vectors: int,
     positions = tuple(_extent(sch, shape, i) for i in shape.reduce if i != shape.r)
     if window and (len(positions) != 2 or positions == (1, 1)):
         raise ValueError("not a convolution window")  # before any primitive runs
+    pad = padding_block_name(sch, shape.block)
     inline(sch, shape.block, sch.compute_inline)
     main = sch.get_sblock(shape.block)
     loops = A.loops_of(sch, main)
@@ -121,3 +123,4 @@ def schedule_amx(sch: Schedule, shape, row_tiles: int, vectors: int,
     sch.tensorize(inner_reduce[0] if window else (mt + [m1])[0], tile.name)
     inline(sch, shape.block, sch.reverse_compute_inline, str(A.node(sch, back).name_hint))
     sch.vectorize(A.loops_of(sch, back)[-1])
+    pad_in_jobs(sch, pad, A.loops_of(sch, back)[0])

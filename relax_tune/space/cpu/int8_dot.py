@@ -45,7 +45,8 @@ from ..rule import FunctionRule
 from .amx_tiles import AMX_DEPTH, AMX_LANES, amx_choices, schedule_amx
 from .int8_intrin import DotInstruction, dot_instruction, marked_narrow, narrow_variant, \
     register
-from .int8_tile import rows_into_jobs, write_back_and_pack
+from .int8_tile import pad_in_jobs, padding_block_name, rows_into_jobs, \
+    write_back_and_pack
 from .layout_rewrite import PREPROC_ANNOTATION
 
 logger = logging.getLogger(__name__)
@@ -219,6 +220,7 @@ class Int8DotProduct(FunctionRule):
 
     def _schedule(self, sch: Schedule, shape: _Shape, inst: DotInstruction) -> None:
         lanes, depth = inst.lanes, inst.depth
+        pad = padding_block_name(sch, shape.block)
         self._inline(sch, shape.block, sch.compute_inline)  # producers, epilogue chain
         main = sch.get_sblock(shape.block)
         loops = A.loops_of(sch, main)
@@ -257,14 +259,17 @@ class Int8DotProduct(FunctionRule):
         self._inline(sch, shape.block, sch.reverse_compute_inline,
                      str(A.node(sch, back).name_hint))
         sch.vectorize(A.loops_of(sch, back)[-1])
+        pad_in_jobs(sch, pad, A.loops_of(sch, back)[0])
 
     @staticmethod
     def _inline(sch: Schedule, main_name: str, inline, back_name: str = "") -> None:
-        """``inline`` (compute_inline: the input's pad copy, dequantized residuals and the
-        epilogue chain into their consumers; reverse_compute_inline: the epilogue into the
-        write-back) every block it takes; a block that cannot move stays a loop nest of its
-        own."""
-        keep = {main_name, back_name, f"{main_name}_init", f"{main_name}_update"}
+        """``inline`` (compute_inline: dequantized residuals and the epilogue chain into
+        their consumers; reverse_compute_inline: the epilogue into the write-back) every
+        block it takes; a block that cannot move stays a loop nest of its own. The input's
+        padding block stays (inlined, its ``if_then_else`` would be in the instruction's
+        load): ``pad_in_jobs`` places it."""
+        keep = {main_name, back_name, f"{main_name}_init", f"{main_name}_update",
+                *([padding_block_name(sch, main_name)] if inline == sch.compute_inline else [])}
         progress = True
         while progress:
             progress = False
