@@ -186,6 +186,12 @@ class ApplyDatabase:
     one (``database.predicted``: the cost model's first choice, from a ``measure=False``
     session or one whose time limit ended before the task was measured); ``predicted``
     lists those (they are in ``applied`` too).
+
+    ``unknown`` lists the static functions whose workload is in neither store of
+    ``work_dir`` (they run as lowered). When they are most of the module's, the work_dir was
+    tuned for something else (another model, another relax_tune version's lowering, another
+    target's tasks) and a warning says so: compiling from it would give an untuned model
+    with no other sign.
     """
 
     def __init__(self, work_dir: str | None = None, database: Database | None = None,
@@ -196,6 +202,7 @@ class ApplyDatabase:
         self.applied: list[str] = []
         self.kept: list[str] = []
         self.predicted: list[str] = []
+        self.unknown: list[str] = []
         self._predicted = None  # the work_dir's predicted schedules, while applying
 
     def _database(self) -> Database:
@@ -214,11 +221,12 @@ class ApplyDatabase:
         target = parse_target(self.target)
         db = self._database()
         out = mod.clone()
-        self.applied, self.kept, self.predicted = [], [], []
+        self.applied, self.kept, self.predicted, self.unknown = [], [], [], []
         self._predicted = self.work_dir.open_predicted() \
             if self.work_dir is not None and self.database is None else None
         bounds = upper_bounds(mod)
         side: tuple[dict, dict] | None = None  # the work_dir's ranking and plan, read once
+        static = 0  # static functions looked up
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc):
                 continue
@@ -229,11 +237,24 @@ class ApplyDatabase:
                     side = read_rankings(self.work_dir), read_plans(self.work_dir)
                 new = self._apply_dynamic(db, gv.name_hint, func, target, bounds, *side)
             else:
+                static += 1
                 new = self._apply_one(db, gv.name_hint, func, target)
             if new is not None:
                 out.update_func(gv, new)
                 self.applied.append(gv.name_hint)
+        self._warn_if_foreign(static)
         return out
+
+    def _warn_if_foreign(self, static: int) -> None:
+        """Warn when a quarter or more of the ``static`` functions looked up are
+        ``unknown`` to the work_dir (tuned into it, there are none or one)."""
+        if self.work_dir is None or self.database is not None or not static \
+                or 4 * len(self.unknown) < static:
+            return
+        logger.warning("%d of %d kernels are not in the work_dir %s (tuned for another model, "
+                       "relax_tune version or target, or with op_names leaving them out): "
+                       "they run untuned. Tune this model into it (e.g. max_time=60) or use a "
+                       "fresh work_dir", len(self.unknown), static, self.work_dir.path)
 
     def _apply_dynamic(self, db: Database, name: str, func: tirx.PrimFunc, target,
                        bounds: dict[str, int], rankings: dict, plans: dict
@@ -270,6 +291,15 @@ class ApplyDatabase:
             self.predicted.append(name)
         return sch
 
+    def _known(self, db: Database, func: tirx.PrimFunc) -> bool:
+        """Whether ``func``'s workload is in ``db`` or the work_dir's predicted store."""
+        mod = normalize_mod(func)
+        try:
+            return db.has_workload(mod) or (self._predicted is not None
+                                            and self._predicted.database.has_workload(mod))
+        except Exception:  # noqa: BLE001 - only a warning depends on it
+            return True
+
     def _apply_one(self, db: Database, name: str, func: tirx.PrimFunc,
                    target) -> tirx.PrimFunc | None:
         try:
@@ -281,6 +311,8 @@ class ApplyDatabase:
         if sch is None:
             sch = self._predicted_schedule(name, func, target)
         if sch is None:
+            if not self._known(db, func):
+                self.unknown.append(name)
             if self.enable_warning:
                 logger.warning("%s: no tuning record for target %s; left unchanged", name,
                                target.kind.name)

@@ -148,6 +148,21 @@ def test_apply_database_never_creates_a_work_dir(demo, target, tmp_path, caplog)
     assert "holds no tuning database" in caplog.text
 
 
+def test_applying_a_work_dir_tuned_for_another_module_warns(demo, target, tmp_path, caplog):
+    # a work_dir tuned for another model (or another version's lowering) would otherwise
+    # compile an untuned model with no sign of it
+    lowered, _ = demo
+    wd = str(tmp_path / "w")
+    rt.tune_tasks(rt.extract_tasks(lowered, target), wd, measure=False)
+    with target:
+        rt.ApplyDatabase(work_dir=wd)(lowered)
+        assert "are not in the work_dir" not in caplog.text
+        other = rt.ApplyDatabase(work_dir=wd)
+        other(matmul_mod(48))
+    assert other.unknown == ["main"]
+    assert "1 of 1 kernels are not in the work_dir" in caplog.text
+
+
 def test_cuda_without_a_gpu_stops_at_once(tmp_path):
     if tvm.cuda(0).exist:
         pytest.skip("this machine has a GPU")
