@@ -242,14 +242,15 @@ class ApplyDatabase:
             if new is not None:
                 out.update_func(gv, new)
                 self.applied.append(gv.name_hint)
-        self._warn_if_foreign(static)
+        self._warn_if_foreign(db, static)
         return out
 
-    def _warn_if_foreign(self, static: int) -> None:
+    def _warn_if_foreign(self, db: Database, static: int) -> None:
         """Warn when a quarter or more of the ``static`` functions looked up are
-        ``unknown`` to the work_dir (tuned into it, there are none or one)."""
+        ``unknown`` to a work_dir that holds records (tuned into it, there are none or one;
+        a work_dir without records is an untuned compile the user chose)."""
         if self.work_dir is None or self.database is not None or not static \
-                or 4 * len(self.unknown) < static:
+                or 4 * len(self.unknown) < static or not self._holds_records(db):
             return
         logger.warning("%d of %d kernels are not in the work_dir %s (tuned for another model, "
                        "relax_tune version or target, or with op_names leaving them out): "
@@ -290,6 +291,12 @@ class ApplyDatabase:
         if sch is not None:
             self.predicted.append(name)
         return sch
+
+    def _holds_records(self, db: Database) -> bool:
+        try:
+            return len(db) > 0 or (self._predicted is not None and len(self._predicted) > 0)
+        except Exception:  # noqa: BLE001 - only a warning depends on it
+            return False
 
     def _known(self, db: Database, func: tirx.PrimFunc) -> bool:
         """Whether ``func``'s workload is in ``db`` or the work_dir's predicted store."""
