@@ -18,6 +18,7 @@ from relax_tune.testing.workloads import matmul_mod
 from relax_tune.tuning.extract import Task
 from relax_tune.space.params import ANN_TILED, target_params
 from relax_tune.tuning.predict import (MIN_TILED_FLOPS, MIN_UNTILED_ITERATIONS,
+                                       accumulator_registers,
                                        leaves_nothing_to_vectorise, safe_untiled,
                                        power_of_two_compute_vectors, thrashes_l1,
                                        tiles_for_reuse, unrolls_inner_reduction,
@@ -532,3 +533,27 @@ def test_the_workers_choose_the_schedules_this_process_would(target, tmp_path, m
     here = chosen(str(tmp_path / "here"))
     assert sum(trace != "None" for trace in here.values()) >= 2
     assert chosen(str(tmp_path / "workers")) == here
+
+
+def test_accumulator_registers_count_the_register_tile():
+    # an int8 convolution on VNNI: each register tile holds (vectors of 16 int32 lanes: the
+    # channel split's inner factor) x (rows: the width split's inner factor) accumulators
+    from relax_tune.space import generate_design_space, space_for_target, without_decisions
+    from relax_tune.testing.int8_kernels import integer_kernel
+
+    vnni = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})
+    mod = integer_kernel("conv2d", vnni, channels=64, size=16)
+    (sketch,) = generate_design_space(mod, vnni)
+    space = space_for_target(vnni)
+    seen = set()
+    for seed in range(8):
+        sch = space.replay(mod, without_decisions(sketch), seed=seed).sch
+        vectors, rows = [int(sch.trace.decisions[inst][1]) for inst in sch.trace.insts
+                         if inst.kind.name == "SamplePerfectTile"][:2]
+        assert accumulator_registers(sch, 64) == vectors * rows
+        seen.add(vectors * rows)
+    assert len(seen) > 1
+    x = te.placeholder((64,), name="x")
+    relu = tvm.IRModule({"main": te.create_prim_func(
+        [x, te.compute((64,), lambda i: te.max(x[i], 0.0))])})
+    assert accumulator_registers(tvm.s_tir.Schedule(relu), 64) is None

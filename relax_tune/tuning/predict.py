@@ -298,6 +298,40 @@ def power_of_two_compute_vectors(func: tirx.PrimFunc) -> bool:
     return all(size & (size - 1) == 0 for size in _tiled_compute_vectors(func))
 
 
+MIN_ACCUMULATORS = 8
+"""Vector registers of accumulators a tiled compute's register tile should hold, on targets
+of 16 registers or more (half the registers at most): a multiply-add's latency (4 cycles
+for FMA and ``vpdpbusd`` on AMD Zen 3/4 and Intel cores) times the two units that start one
+a cycle. A tile of fewer is latency-bound. The pre-trained model ranked first 1-row tiles
+of 4 vectors: ResNet-18 int8's stride-2 convolutions ran 295-334 us predicted against
+148-156 us on 7- and 14-row tiles of 2-4 vectors, its 1x1 one 68 us on 4 accumulators
+against 26 on 14; ViT's attention-by-values matmul (197 prime rows) 129 us on 1 x 4 against
+75 us tuned on 8 x 1 (AMD EPYC Zen 4, 2 threads)."""
+
+
+def accumulator_registers(sch: Schedule, vector_bytes: int) -> int | None:
+    """Vector registers of accumulators in the scheduled function's largest register tile:
+    for each block that reduces, the elements it updates under its innermost reduction
+    loop (the loops inside that loop times what one block instance writes: one element,
+    or an instruction's lanes), in registers of ``vector_bytes``; the largest over the
+    blocks. None for a function that does not reduce."""
+    best = None
+    for block in A.collect_blocks(sch):
+        if A.is_root(sch, block) or A.COMM_REDUCE not in A.iter_types(sch, block):
+            continue
+        loops = A.loops_of(sch, block)
+        kinds = [A.loop_iter_type(sch, loop) for loop in loops]
+        inner = max((i for i, kind in enumerate(kinds) if kind == "R"), default=-1)
+        write = A.node(sch, block).writes[0]
+        sizes = [A.loop_extent(sch, loop) for loop in loops[inner + 1:]] + \
+            [A._const_int(r.extent) for r in write.region]
+        if any(size is None for size in sizes):
+            continue
+        registers = math.prod(sizes) * dtype_bytes(str(write.source.dtype)) // vector_bytes
+        best = max(best or 0, registers)
+    return best
+
+
 def _accept_on(task) -> tuple:
     """The checks a predicted candidate of ``task`` must pass, in order of preference
     (``best_predicted`` takes the first of the model's best that passes the first check,
@@ -305,10 +339,12 @@ def _accept_on(task) -> tuple:
 
     1. whole vectors (``whole_vectors``), the tiled compute in vectors of half a register
        or more (``vectorises_the_compute``) that span a power of two bytes
-       (``power_of_two_compute_vectors``), and for one that does not tile for reuse
-       ``safe_untiled``;
-    2. the same on compute vectors of any width;
-    3. and 4. the first two with narrower vectors allowed, but not none where output rows
+       (``power_of_two_compute_vectors``), for one that does not tile for reuse
+       ``safe_untiled``, and a register tile of ``MIN_ACCUMULATORS`` registers or more
+       (``accumulator_registers``; half the target's registers where it has fewer than 16);
+    2. the same with any register tile;
+    3. the same on compute vectors of any width;
+    4. and 5. the second and third with narrower vectors allowed, but not none where output rows
        span half a register. A tiled schedule that vectorised no compute ran ShuffleNetV2's
        56x56 1x1 convolution to 58 channels in 756 us against 187 us untuned (103 us now),
        and one on 2-float vectors its 116-channel depthwise one in 72 against 18 us (18
@@ -342,10 +378,21 @@ def _accept_on(task) -> tuple:
     power_of_two = by_candidate(lambda cand: all(power_of_two_compute_vectors(f)
                                                  for f in _prim_funcs(cand.sch.mod)))
 
+    params = target_params(task.target)
+    least = min(MIN_ACCUMULATORS, params.vector_registers // 2)
+
+    @by_candidate
+    def enough(cand) -> bool:
+        try:
+            return (accumulator_registers(cand.sch, vector_bytes) or least) >= least
+        except Exception:  # noqa: BLE001 - a preference only: never a reason to fail
+            return True
+
     def prefer(cand) -> bool:
         return accept(cand) and full(cand)
 
-    return (lambda cand: prefer(cand) and power_of_two(cand), prefer,
+    return (lambda cand: prefer(cand) and power_of_two(cand) and enough(cand),
+            lambda cand: prefer(cand) and power_of_two(cand), prefer,
             lambda cand: accept(cand) and power_of_two(cand), accept)
 
 
