@@ -188,10 +188,10 @@ class ApplyDatabase:
     lists those (they are in ``applied`` too).
 
     ``unknown`` lists the static functions whose workload is in neither store of
-    ``work_dir`` (they run as lowered). When they are most of the module's, the work_dir was
-    tuned for something else (another model, another relax_tune version's lowering, another
-    target's tasks) and a warning says so: compiling from it would give an untuned model
-    with no other sign.
+    ``work_dir`` (they run as lowered). When they are a quarter or more of those looked up
+    in a work_dir that holds records, it was tuned for something else (another model,
+    another relax_tune version's lowering, another target's tasks) and a warning says so:
+    compiling from it would give an untuned model with no other sign.
     """
 
     def __init__(self, work_dir: str | None = None, database: Database | None = None,
