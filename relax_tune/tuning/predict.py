@@ -340,8 +340,10 @@ def _accept_on(task) -> tuple:
     1. whole vectors (``whole_vectors``), the tiled compute in vectors of half a register
        or more (``vectorises_the_compute``) that span a power of two bytes
        (``power_of_two_compute_vectors``), for one that does not tile for reuse
-       ``safe_untiled``, and a register tile of ``MIN_ACCUMULATORS`` registers or more
-       (``accumulator_registers``; half the target's registers where it has fewer than 16);
+       ``safe_untiled``, and for one that tiles a register tile of ``MIN_ACCUMULATORS``
+       registers or more (``accumulator_registers``; half the target's registers where it
+       has fewer than 16: an untiled global average pool so steered ran 64 us against 58
+       untuned and 40 unsteered, EfficientNet-B0, Zen 4);
     2. the same with any register tile;
     3. the same on compute vectors of any width;
     4. and 5. the second and third with narrower vectors allowed, but not none where output rows
@@ -383,6 +385,8 @@ def _accept_on(task) -> tuple:
 
     @by_candidate
     def enough(cand) -> bool:
+        if not tiles_for_reuse(cand.trace_json):
+            return True  # a pool or a norm's sum: its speed is memory and threads
         try:
             return (accumulator_registers(cand.sch, vector_bytes) or least) >= least
         except Exception:  # noqa: BLE001 - a preference only: never a reason to fail
