@@ -74,13 +74,22 @@ def test_softmax_used_elsewhere_stays_separate(target):
     assert "attention" not in names and any("softmax" in n for n in names), names
 
 
-def test_static_keys_no_multiple_of_16_stay_separate(target):
-    """20 keys in a static kernel: the last vector of keys would be predicated and run
-    scalar, so the attention stays three kernels; 32 keys are fused."""
-    for n, fused in ((20, False), (32, True)):
-        with target:
-            lowered = rt.transform.lower_for_tuning(attention_model(n), target)
-        assert ("attention" in kernel_names(lowered)) is fused, n
+def test_static_keys_no_multiple_of_16_are_fused_on_padded_operands(target):
+    """20 keys in a static kernel: the attention runs on rows and keys padded to 32 (else
+    the last vector of keys is predicated and the loop runs scalar), the padded keys'
+    scores masked; one attention kernel, no softmax kernel, the model's output as numpy's
+    with padding, untuned and scheduled."""
+    with target:
+        lowered = rt.transform.lower_for_tuning(attention_model(20), target)
+    names = kernel_names(lowered)
+    assert "attention" in names and not any("softmax" in n for n in names), names
+    (task,) = [t for t in rt.extract_tasks(lowered, target) if t.task_name == "attention"]
+    shapes = [arg[2] for arg in task.args_info]  # q, k transposed, v, the output
+    assert shapes == [[1, 2, 32, 16], [1, 2, 16, 32], [1, 2, 32, 16], [1, 2, 32, 16]], shapes
+    args = inputs(20)
+    lib = tvm.compile(lowered, target)
+    out = relax.VirtualMachine(lib, tvm.cpu())["forward"](*map(tvm.runtime.tensor, args))
+    np.testing.assert_allclose(out.numpy(), reference(*args), rtol=1e-4, atol=1e-5)
 
 
 def _attention_task(target, n):
@@ -161,12 +170,12 @@ def test_dynamic_attention_through_the_pipeline(target, tmp_path, caplog):
                                    err_msg=f"n={n}")
 
 
-def test_nn_attention_is_written_as_the_fusable_ops(target):
+@pytest.mark.parametrize("n", [16, 20])
+def test_nn_attention_is_written_as_the_fusable_ops(n, target):
     """``R.nn.attention`` (what the PyTorch frontend makes of scaled_dot_product_attention,
-    (batch, seq, heads, dim) layout) becomes the fused kernel the rule schedules, and the
-    model still computes the attention; a causal one, or one over 20 static keys, is left
-    to TVM."""
-    n = 16
+    (batch, seq, heads, dim) layout) becomes the fused kernel the rule schedules, over 20
+    static keys too (padded to 32), and the model still computes the attention; a causal
+    one is left to TVM."""
 
     def module(causal, seq=n):
         bb = relax.BlockBuilder()
@@ -182,11 +191,9 @@ def test_nn_attention_is_written_as_the_fusable_ops(target):
     rule = FusedAttention(target_params(target))
     with target:
         lowered = rt.transform.lower_for_tuning(module(False), target)
-        left = [rt.transform.lower_for_tuning(module(True), target),
-                rt.transform.lower_for_tuning(module(False, seq=20), target)]
-    for mod in left:
-        assert not any(rule.recognise(tvm.s_tir.Schedule(t.mod))
-                       for t in rt.extract_tasks(mod, target))
+        causal = rt.transform.lower_for_tuning(module(True), target)
+    assert not any(rule.recognise(tvm.s_tir.Schedule(t.mod))
+                   for t in rt.extract_tasks(causal, target))
     (task,) = rt.extract_tasks(lowered, target, op_names=["attention"])
     assert rule.recognise(tvm.s_tir.Schedule(task.mod))
     ex = tvm.compile(lowered, target)

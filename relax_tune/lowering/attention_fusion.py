@@ -26,10 +26,10 @@ import logging
 import math
 
 import tvm
-from tvm import relax
+from tvm import relax, te
 from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 
-from .rewrite import rewrite_functions
+from .rewrite import constant, rewrite_functions, static_shape
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,64 @@ in a static kernel the last, partial vector of keys is predicated, and TVM then 
 whole vectorised loop scalar (ViT's 197 tokens ran several times slower fused than as
 three kernels; docs/design/fused-attention.md). A symbolic one is fine:
 ``dynamic.unswitch_partial_tiles`` runs the full vectors unpredicated."""
+
+
+PADDED_KEY_SCORE = -1e30
+"""The score a padded key gets: its exponential is 0 (``fast_exp`` clamps its input at
+-88.4; without fast math, exp underflows), so the softmax over the padded keys is the
+softmax over the real ones."""
+
+
+def padded_attention(q, k, v, scale: float | None, shape: list[int],
+                     builder: relax.BlockBuilder) -> relax.Expr:
+    """``softmax(q @ k * scale) @ v`` on 4-d operands (``q`` (b, h, rows, d), ``k`` (b, h,
+    d, keys), ``v`` (b, h, keys, dv); ``shape``: the scores' ``[b, h, rows, keys]``) with a static number of keys that is no multiple of
+    ``KEY_MULTIPLE``, computed on rows and keys padded with zeros to multiples of it, the
+    padded keys' scores set to ``PADDED_KEY_SCORE`` by a kernel added to ``builder``'s
+    module (``key_mask_func``; a tensor constant cannot enter the fused kernel); the padded
+    rows are sliced off. The fused kernel then runs whole vectors of keys, and its blocks of
+    rows divide the rows: ViT's 197 tokens (a prime) as 208."""
+    op = relax.op
+    *batch, rows, keys = shape
+    padded_rows, padded_keys = (-(-n // KEY_MULTIPLE) * KEY_MULTIPLE for n in (rows, keys))
+
+    def pad(x, axis: int, to: int, size: int) -> relax.Expr:
+        if to == size:
+            return x
+        width = [0] * 8
+        width[2 * axis + 1] = to - size
+        return op.nn.pad(x, width)
+
+    scores = op.matmul(pad(q, 2, padded_rows, rows), pad(k, 3, padded_keys, keys))
+    if scale is not None:
+        scores = op.multiply(scores, relax.const(scale, "float32"))
+    shape = [*batch, padded_rows, padded_keys]
+    mask = builder.add_func(key_mask_func(shape, keys), "attention_key_mask")
+    probs = op.nn.softmax(relax.call_tir(mask, [scores], relax.TensorType(shape, "float32")),
+                          axis=-1)
+    out = op.matmul(probs, pad(v, 2, padded_keys, keys))
+    return op.strided_slice(out, [2], [0], [rows]) if padded_rows != rows else out
+
+
+def key_mask_func(shape: list[int], keys: int) -> tvm.tirx.PrimFunc:
+    """The kernel of ``padded_attention``'s mask: scores of ``shape`` (the keys last) with
+    those past the first ``keys`` set to ``PADDED_KEY_SCORE``."""
+    dims = [tvm.tirx.IntImm("int64", n) for n in shape]  # as LegalizeOps shapes them
+    scores = te.placeholder(dims, "float32", "scores")
+    masked = te.compute(dims, lambda *i: tvm.tirx.Select(
+        i[-1] < tvm.tirx.IntImm("int64", keys), scores(*i),
+        tvm.tirx.const(PADDED_KEY_SCORE, "float32")), name="T_key_mask")
+    return te.create_prim_func([scores, masked])
+
+
+def _padded_shape(shape: list) -> list[int] | None:
+    """The scores' shape ``[b, h, rows, keys]`` as ints where the attention is fused on
+    padded operands (``padded_attention``): all static, the keys no multiple of
+    ``KEY_MULTIPLE``; None otherwise."""
+    if not all(isinstance(n, (int, tvm.tirx.IntImm)) for n in shape) \
+            or not int(shape[-1]) % KEY_MULTIPLE:
+        return None
+    return [int(n) for n in shape]
 
 
 def _keys_fit(keys) -> bool:
@@ -87,11 +145,17 @@ class FuseAttention:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """``mod`` with its attentions grouped (``mod`` unchanged when there is none)."""
+        builder = relax.BlockBuilder(mod)
         rewritten = rewrite_functions(mod, is_op("relax.nn.attention")(
-            wildcard(), wildcard(), wildcard()), _decomposed)
+            wildcard(), wildcard(), wildcard()), lambda e, m: _decomposed(e, builder), builder)
         pattern, parts = _torch_math_attention()
+        builder = relax.BlockBuilder(rewritten)
         rewritten = rewrite_functions(rewritten, pattern,
-                                       lambda e, m: _unguarded(e, m, parts))
+                                       lambda e, m: _unguarded(e, m, parts, builder), builder)
+        pattern, parts = _plain_attention()
+        builder = relax.BlockBuilder(rewritten)
+        rewritten = rewrite_functions(rewritten, pattern,
+                                       lambda e, m: _padded_plain(e, m, parts, builder), builder)
         if rewritten is not mod:  # the rewritten parts' old bindings would count as uses
             rewritten = relax.transform.DeadCodeElimination()(rewritten)
         out = relax.transform.FuseOpsByPattern(
@@ -107,7 +171,7 @@ class FuseAttention:
         return _renamed(out, fused, "attention")
 
 
-def _decomposed(call: relax.Call, _matches) -> relax.Expr:
+def _decomposed(call: relax.Call, builder: relax.BlockBuilder) -> relax.Expr:
     """``R.nn.attention(q, k, v)`` (each (batch, seq, heads, dim), float32, no causal mask,
     keys that ``_keys_fit``) as permutes, ``matmul``, a scale, ``softmax`` and ``matmul``;
     ``call`` itself otherwise."""
@@ -117,17 +181,55 @@ def _decomposed(call: relax.Call, _matches) -> relax.Expr:
             getattr(t, "ndim", -1) != 4 or str(t.dtype) != "float32" for t in types):
         return call
     dim = types[0].shape[3] if types[0].shape is not None else None
-    if not isinstance(dim, tvm.tirx.IntImm) or types[1].shape is None \
-            or not _keys_fit(types[1].shape[1]):
+    if not isinstance(dim, tvm.tirx.IntImm) or types[1].shape is None:
+        return call
+    (b, rows, h, _), keys = types[0].shape.values, types[1].shape[1]
+    padded = _padded_shape([b, h, rows, keys])
+    if padded is None and not _keys_fit(keys):
         return call
     scale = call.attrs.scale
     scale = float(getattr(scale, "value", scale)) if scale is not None \
         else 1.0 / math.sqrt(int(dim))
     op = relax.op
-    scores = op.matmul(op.permute_dims(q, [0, 2, 1, 3]), op.permute_dims(k, [0, 2, 3, 1]))
-    scores = op.multiply(scores, relax.const(scale, "float32"))
-    out = op.matmul(op.nn.softmax(scores, axis=-1), op.permute_dims(v, [0, 2, 1, 3]))
+    q, k, v = (op.permute_dims(q, [0, 2, 1, 3]), op.permute_dims(k, [0, 2, 3, 1]),
+               op.permute_dims(v, [0, 2, 1, 3]))
+    if padded is not None:
+        out = padded_attention(q, k, v, scale, padded, builder)
+    else:
+        scores = op.multiply(op.matmul(q, k), relax.const(scale, "float32"))
+        out = op.matmul(op.nn.softmax(scores, axis=-1), v)
     return op.permute_dims(out, [0, 2, 1, 3])
+
+
+def _plain_attention():
+    """``(pattern, parts)`` of ``matmul(softmax(matmul(q, k) [* c]), v)``: what TVM's ONNX
+    importer and hand-written Relax make of an attention."""
+    q, k, v, scale = wildcard(), wildcard(), wildcard(), is_const()
+    scores = is_op("relax.matmul")(q, k)
+    scaled = scores | is_op("relax.multiply")(scores, scale)
+    probs = is_op("relax.nn.softmax")(scaled)
+    return is_op("relax.matmul")(probs, v), {"q": q, "k": k, "v": v, "scale": scale,
+                                             "probs": probs}
+
+
+def _padded_plain(matched: relax.Expr, matches: dict, parts: dict,
+                  builder: relax.BlockBuilder) -> relax.Expr:
+    """The attention ``matched`` (``_plain_attention``) as ``padded_attention`` where its
+    4-d float32 scores have a static number of keys that is no multiple of
+    ``KEY_MULTIPLE`` and a scalar scale; ``matched`` itself otherwise (a multiple of it is
+    fused as it is)."""
+    q, k, v = (matches[parts[name]] for name in "qkv")
+    probs = matches[parts["probs"]]
+    scores = probs.args[0]
+    shape = static_shape(scores)
+    if shape is None or len(shape) != 4 or str(scores.ty.dtype) != "float32" \
+            or int(probs.attrs.axis) not in (-1, 3) or _padded_shape(shape) is None:
+        return matched
+    scale = constant(matches[parts["scale"]]) if parts["scale"] in matches else None
+    if scale is not None and scale.size != 1:
+        return matched
+    return padded_attention(q, k, v, None if scale is None else float(scale.reshape(())),
+                            shape, builder)
 
 
 def _torch_math_attention():
@@ -147,7 +249,8 @@ def _torch_math_attention():
     return out, {"q3": q3, "k3": k3, "v3": v3, "scores": scores}
 
 
-def _unguarded(matched: relax.Expr, matches: dict, parts: dict) -> relax.Expr:
+def _unguarded(matched: relax.Expr, matches: dict, parts: dict,
+               builder: relax.BlockBuilder) -> relax.Expr:
     """The attention ``matched`` as ``matmul(softmax(matmul(q, k)), v)`` on 4-d views
     (1, batch x heads, rows, dim) of its 3-d operands, without the guard: a row of scores is
     all ``-inf`` only under a mask, and this pattern has none (unmasked scores are ``-inf``
@@ -161,15 +264,17 @@ def _unguarded(matched: relax.Expr, matches: dict, parts: dict) -> relax.Expr:
     except (TypeError, AttributeError):  # no type or no ShapeExpr
         return matched
     if any(len(shape) != 3 for shape in shapes[:4]) or len(shapes[4]) != 4 \
-            or str(scores.ty.dtype) != "float32" or not _keys_fit(shapes[4][3]):
+            or str(scores.ty.dtype) != "float32":
+        return matched
+    padded = _padded_shape([1, *shapes[0][:2], shapes[4][3]])
+    if padded is None and not _keys_fit(shapes[4][3]):
         return matched
     op = relax.op
-
-    def as4d(expr, shape):
-        return op.reshape(expr, [1, *shape])
-
-    probs = op.nn.softmax(op.matmul(as4d(q3, shapes[0]), as4d(k3, shapes[1])), axis=-1)
-    return op.reshape(op.matmul(probs, as4d(v3, shapes[2])), shapes[3])
+    q, k, v = (op.reshape(e, [1, *shape]) for e, shape in zip((q3, k3, v3), shapes))
+    if padded is not None:
+        return op.reshape(padded_attention(q, k, v, None, padded, builder), shapes[3])
+    probs = op.nn.softmax(op.matmul(q, k), axis=-1)
+    return op.reshape(op.matmul(probs, v), shapes[3])
 
 
 @relax.expr_functor.mutator
