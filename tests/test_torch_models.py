@@ -241,25 +241,32 @@ def test_pointwise_convolution_of_odd_channels_becomes_a_matmul(target, tmp_path
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def encoder_layer():
+def encoder_layer(tokens: int = 16):
     """A tiny post-norm ``nn.TransformerEncoderLayer`` (d 32, 2 heads) on 16 tokens: its
     attention comes out of ``torch.export`` decomposed (3-d matmuls, a guarded softmax)."""
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
-    return layer.eval(), (torch.randn(1, 16, 32),)
+    return layer.eval(), (torch.randn(1, tokens, 32),)
 
 
-def test_exported_attention_becomes_one_kernel(target, tmp_path):
+def encoder_layer_17():
+    """``encoder_layer`` on 17 tokens (a ViT's class token and 16 patches): no multiple of
+    16 keys, fused on operands padded to 32."""
+    return encoder_layer(17)
+
+
+@pytest.mark.parametrize("func", ["encoder_layer", "encoder_layer_17"])
+def test_exported_attention_becomes_one_kernel(func, target, tmp_path):
     """PyTorch's decomposed attention is fused into one ``attention`` kernel (no softmax
     kernel left), tuned by its rule (2 trials), and the outputs match PyTorch."""
-    model = load_model(f"{__file__}:encoder_layer")
+    model = load_model(f"{__file__}:{func}")
     names = [t.task_name for t in rt.extract_tasks(model.lowered(target), target)]
     assert any(n.startswith("attention") for n in names), names
     assert not any("softmax" in n for n in names), names
     ex = tvm.compile(model.mod, target, relax_pipeline=relax.get_pipeline(
         "relax_tune", target=target, work_dir=str(tmp_path), max_trials_global=2,
         op_names=["attention"], params=model.params, **SMALL))
-    module, (x,) = encoder_layer()
+    module, (x,) = globals()[func]()
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
     got = got if hasattr(got, "numpy") else got[0]  # a tuple of one output
     with torch.no_grad():
