@@ -90,7 +90,8 @@ def key_mask_func(shape: list[int], keys: int) -> tvm.tirx.PrimFunc:
     masked = te.compute(dims, lambda *i: tvm.tirx.Select(
         i[-1] < tvm.tirx.IntImm("int64", keys), scores(*i),
         tvm.tirx.const(PADDED_KEY_SCORE, "float32")), name="T_key_mask")
-    return te.create_prim_func([scores, masked])
+    # no global symbol: the module names it (as the function's own, "main", it clashed)
+    return te.create_prim_func([scores, masked]).without_attr("global_symbol")
 
 
 def _padded_shape(shape: list) -> list[int] | None:
