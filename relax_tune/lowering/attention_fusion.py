@@ -14,10 +14,12 @@ causal mask (what TVM's PyTorch frontend makes of ``scaled_dot_product_attention
 legalizes it into one kernel holding the whole ``heads x n x n`` scores) and PyTorch's own
 decomposition of it (``torch.export`` of ``nn.MultiheadAttention``: 3-d batched matmuls
 around a 4-d softmax, with a guard that zeroes rows whose scores are all ``-inf``) in those
-terms, which ``FuseTIR`` makes one PrimFunc. The design
-space then schedules it as SDPA does (``space.attention.FusedAttention``): for each head
-and block of rows, the block's scores, softmax and product with ``v`` are computed while
-the scores stay in cache. CPU targets only (the GPU space has no such rule).
+terms, which ``FuseTIR`` makes one PrimFunc. An attention over a static number of keys
+that is no multiple of ``KEY_MULTIPLE`` (a ViT's 197 tokens) is written on padded operands
+first (``padded_attention``). The design space then schedules it as SDPA does
+(``space.attention.FusedAttention``): for each head and block of rows, the block's scores,
+softmax and product with ``v`` are computed while the scores stay in cache. CPU targets
+only (the GPU space has no such rule).
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ PATTERN_NAME = "relax_tune.attention"
 
 
 KEY_MULTIPLE = 16
-"""A static number of keys must be a multiple of this (the widest vector of float32 keys):
-in a static kernel the last, partial vector of keys is predicated, and TVM then runs the
-whole vectorised loop scalar (ViT's 197 tokens ran several times slower fused than as
-three kernels; docs/design/fused-attention.md). A symbolic one is fine:
-``dynamic.unswitch_partial_tiles`` runs the full vectors unpredicated."""
+"""A static number of keys is fused as a multiple of this (the widest vector of float32
+keys), padded to one where it is not (``padded_attention``): in a static kernel the last,
+partial vector of keys is predicated, and TVM then runs the whole vectorised loop scalar
+(ViT's 197 tokens ran several times slower fused than as three kernels;
+docs/design/fused-attention.md). A symbolic one is fine: ``dynamic.unswitch_partial_tiles``
+runs the full vectors unpredicated."""
 
 
 PADDED_KEY_SCORE = -1e30
@@ -54,12 +57,13 @@ softmax over the real ones."""
 def padded_attention(q, k, v, scale: float | None, shape: list[int],
                      builder: relax.BlockBuilder) -> relax.Expr:
     """``softmax(q @ k * scale) @ v`` on 4-d operands (``q`` (b, h, rows, d), ``k`` (b, h,
-    d, keys), ``v`` (b, h, keys, dv); ``shape``: the scores' ``[b, h, rows, keys]``) with a static number of keys that is no multiple of
-    ``KEY_MULTIPLE``, computed on rows and keys padded with zeros to multiples of it, the
-    padded keys' scores set to ``PADDED_KEY_SCORE`` by a kernel added to ``builder``'s
-    module (``key_mask_func``; a tensor constant cannot enter the fused kernel); the padded
-    rows are sliced off. The fused kernel then runs whole vectors of keys, and its blocks of
-    rows divide the rows: ViT's 197 tokens (a prime) as 208."""
+    d, keys), ``v`` (b, h, keys, dv); ``shape``: the scores' ``[b, h, rows, keys]``, keys
+    static and no multiple of ``KEY_MULTIPLE``), computed on rows and keys padded with
+    zeros to multiples of it, the padded keys' scores set to ``PADDED_KEY_SCORE`` by a
+    kernel added to ``builder``'s module (``key_mask_func``; a tensor constant cannot enter
+    the fused kernel); the padded rows are sliced off. The fused kernel then runs whole
+    vectors of keys, and its blocks of rows divide the rows: ViT's 197 tokens (a prime) as
+    208."""
     op = relax.op
     *batch, rows, keys = shape
     padded_rows, padded_keys = (-(-n // KEY_MULTIPLE) * KEY_MULTIPLE for n in (rows, keys))
@@ -174,8 +178,8 @@ class FuseAttention:
 
 def _decomposed(call: relax.Call, builder: relax.BlockBuilder) -> relax.Expr:
     """``R.nn.attention(q, k, v)`` (each (batch, seq, heads, dim), float32, no causal mask,
-    keys that ``_keys_fit``) as permutes, ``matmul``, a scale, ``softmax`` and ``matmul``;
-    ``call`` itself otherwise."""
+    keys that ``_keys_fit`` or are padded: ``_padded_shape``) as permutes, ``matmul``, a
+    scale, ``softmax`` and ``matmul``; ``call`` itself otherwise."""
     q, k, v = call.args[:3]
     types = [getattr(a, "ty", None) for a in (q, k, v)]
     if call.attrs.causal_mask is not None or any(
@@ -255,9 +259,9 @@ def _unguarded(matched: relax.Expr, matches: dict, parts: dict,
     """The attention ``matched`` as ``matmul(softmax(matmul(q, k)), v)`` on 4-d views
     (1, batch x heads, rows, dim) of its 3-d operands, without the guard: a row of scores is
     all ``-inf`` only under a mask, and this pattern has none (unmasked scores are ``-inf``
-    only when ``q . k`` overflows). ``matched`` itself when a shape is unknown or the keys
-    do not ``_keys_fit`` (it would not be fused); symbolic dimensions (a dynamic sequence
-    length) are fine."""
+    only when ``q . k`` overflows), on padded operands where ``_padded_shape`` says so.
+    ``matched`` itself when a shape is unknown or symbolic keys do not ``_keys_fit`` (it
+    would not be fused); symbolic dimensions (a dynamic sequence length) are fine."""
     q3, k3, v3 = (matches[parts[name]] for name in ("q3", "k3", "v3"))
     scores = matches[parts["scores"]]
     try:
