@@ -78,9 +78,9 @@ def padded_attention(q, k, v, scale: float | None, shape: list[int],
     scores = op.matmul(pad(q, 2, padded_rows, rows), pad(k, 3, padded_keys, keys))
     if scale is not None:
         scores = op.multiply(scores, relax.const(scale, "float32"))
-    shape = [*batch, padded_rows, padded_keys]
-    mask = builder.add_func(key_mask_func(shape, keys), "attention_key_mask")
-    probs = op.nn.softmax(relax.call_tir(mask, [scores], relax.TensorType(shape, "float32")),
+    padded = [*batch, padded_rows, padded_keys]
+    mask = builder.add_func(key_mask_func(padded, keys), "attention_key_mask")
+    probs = op.nn.softmax(relax.call_tir(mask, [scores], relax.TensorType(padded, "float32")),
                           axis=-1)
     out = op.matmul(probs, pad(v, 2, padded_keys, keys))
     return op.strided_slice(out, [2], [0], [rows]) if padded_rows != rows else out
@@ -220,16 +220,17 @@ def _plain_attention():
 def _padded_plain(matched: relax.Expr, matches: dict, parts: dict,
                   builder: relax.BlockBuilder) -> relax.Expr:
     """The attention ``matched`` (``_plain_attention``) as ``padded_attention`` where its
-    4-d float32 scores have a static number of keys that is no multiple of
-    ``KEY_MULTIPLE`` and a scalar scale; ``matched`` itself otherwise (a multiple of it is
-    fused as it is)."""
+    operands and float32 scores are 4-d and static, with a number of keys that is no
+    multiple of ``KEY_MULTIPLE``, and its scale a scalar; ``matched`` itself otherwise (a
+    multiple of it is fused as it is)."""
     q, k, v = (matches[parts[name]] for name in "qkv")
     probs = matches[parts["probs"]]
     scores = probs.args[0]
     shape = static_shape(scores)
     if shape is None or len(shape) != 4 or str(scores.ty.dtype) != "float32" \
-            or int(probs.attrs.axis) not in (-1, 3) or _padded_shape(shape) is None:
-        return matched
+            or int(probs.attrs.axis) not in (-1, 3) or _padded_shape(shape) is None \
+            or any(len(static_shape(x) or ()) != 4 for x in (q, k, v)):
+        return matched  # a broadcast operand: its padded axes are not 2 and 3
     scale = constant(matches[parts["scale"]]) if parts["scale"] in matches else None
     if scale is not None and scale.size != 1:
         return matched
