@@ -77,8 +77,8 @@ def test_softmax_used_elsewhere_stays_separate(target):
 def test_static_keys_no_multiple_of_16_are_fused_on_padded_operands(target):
     """20 keys in a static kernel: the attention runs on rows and keys padded to 32 (else
     the last vector of keys is predicated and the loop runs scalar), the padded keys'
-    scores masked; one attention kernel, no softmax kernel, the model's output as numpy's
-    with padding, untuned and scheduled."""
+    scores masked; one attention kernel on the padded shapes, no softmax kernel, and the
+    untuned model's output as numpy's."""
     with target:
         lowered = rt.transform.lower_for_tuning(attention_model(20), target)
     names = kernel_names(lowered)

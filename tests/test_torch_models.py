@@ -242,7 +242,7 @@ def test_pointwise_convolution_of_odd_channels_becomes_a_matmul(target, tmp_path
 
 
 def encoder_layer(tokens: int = 16):
-    """A tiny post-norm ``nn.TransformerEncoderLayer`` (d 32, 2 heads) on 16 tokens: its
+    """A tiny post-norm ``nn.TransformerEncoderLayer`` (d 32, 2 heads) on ``tokens`` tokens: its
     attention comes out of ``torch.export`` decomposed (3-d matmuls, a guarded softmax)."""
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
