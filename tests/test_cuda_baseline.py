@@ -153,3 +153,28 @@ def test_cuda_tuning_times_and_checks_against_the_dlight_baseline(name, tmp_path
     finally:
         builder.shutdown()
         runner.shutdown()
+
+
+def test_no_measurement_on_cuda_keeps_dlight_and_says_why(sm80, tmp_path, caplog):
+    """``measure=False`` on a GPU target: the pre-trained model and the shipped library are
+    CPU ones, so nothing is predicted; every task is reported untuned with one warning that
+    says why, and the demo model still compiles to dlight's GPU kernels through the pipeline."""
+    from tvm import relax
+
+    from relax_tune.demo import demo_inputs, demo_model
+
+    mod, params = demo_model()
+    weights = {name: a for (name, _), a in zip(params, demo_inputs(params)[1:])}
+    with caplog.at_level("WARNING", logger="relax_tune"):
+        ex = tvm.compile(mod, sm80, relax_pipeline=relax.get_pipeline(
+            "relax_tune", target=sm80, work_dir=str(tmp_path), measure=False, params=weights))
+    (line,) = [r.getMessage() for r in caplog.records if "measure=False" in r.getMessage()]
+    assert "measure=False on cuda" in line and "dlight" in line
+    kinds, stack = [], [ex.mod]
+    while stack:
+        kinds.append(stack[-1].kind)
+        stack.extend(stack.pop().imports)
+    assert "cuda" in kinds  # GPU kernels: dlight bound every function to blocks and threads
+    reports = tune_tasks(extract_tasks(matmul()[0], sm80), str(tmp_path / "direct"),
+                         measure=False)
+    assert reports and all(r.status == "untuned" and not r.predicted for r in reports)
