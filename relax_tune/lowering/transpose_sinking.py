@@ -14,7 +14,10 @@ tuned model's time in those kernels (Intel Xeon, 2 threads).
   of ``UNARY_ELEMENTWISE_OPS``, ``astype``, ``round``, and ``quantize``/``dequantize``
   with one scale and zero point for the whole tensor;
 - ``b(T(x), T(y))`` -> ``T(b(x, y))`` (the same permutation on both sides) and
-  ``b(T(x), c)`` -> ``T(b(x, c))`` (``c`` a scalar) for the elementwise binary operations;
+  ``b(T(x), c)`` -> ``T(b(x, c))`` (``c`` a scalar, or a broadcast operand such as a
+  squeeze-and-excite gate, reshaped where that moves no data) for the elementwise binary
+  operations;
+- ``take(t, T(i))`` -> ``T(take(t, i))`` for a 1-D table ``t`` (``int8_tables``' lookups);
 - ``pad(T(x))`` -> ``T(pad'(x))`` (the pad widths permuted);
 - a 2-D pool of an NHWC tensor made NCHW by ``T`` -> ``T`` of the NHWC pool;
 - a reduction (``mean``, ``sum``, ``max``, ``min``) of ``T(x)`` -> the reduction of ``x``
@@ -82,6 +85,22 @@ def _is_scalar(expr: relax.Expr) -> bool:
     return shape is not None and all(d == 1 for d in shape)
 
 
+def _unpermuted(y: relax.Expr, axes: list[int]) -> relax.Expr | None:
+    """``y`` reshaped into ``y'`` with ``permute_dims(y', axes)`` of ``y``'s shape, where that
+    moves no data (the axes of ``y`` longer than 1 keep their order: a squeeze-and-excite
+    gate of shape ``(1, C, 1, 1)`` is ``(1, 1, 1, C)`` under NHWC -> NCHW), else None."""
+    shape = static_shape(y)
+    if shape is None or len(shape) != len(axes):
+        return None
+    long = [axes[i] for i in range(len(axes)) if shape[i] != 1]
+    if long != sorted(long):
+        return None
+    moved = [1] * len(axes)
+    for i, a in enumerate(axes):
+        moved[a] = shape[i]
+    return relax.op.reshape(y, moved)
+
+
 def _transpose(x: relax.Expr, axes: list[int]) -> relax.Expr:
     return x if axes == list(range(len(axes))) else relax.op.permute_dims(x, axes)
 
@@ -120,14 +139,27 @@ def _rules():
 
     def scalar_rule(matched, m):
         axes = _axes(m[tx])
-        if axes is None or not _is_scalar(m[c]):
+        if axes is None:
             return matched
-        args = [m[c], m[x]] if matched.args[0].same_as(m[c]) else [m[x], m[c]]
+        other = m[c] if _is_scalar(m[c]) else _unpermuted(m[c], axes)
+        if other is None:
+            return matched
+        args = [other, m[x]] if matched.args[0].same_as(m[c]) else [m[x], other]
         return _transpose(relax.Call(matched.op, args, matched.attrs), axes)
 
     for name in BINARY:
         rules.append((is_op(name)(tx, ty), both_rule))
         rules.append((is_op(name)(tx, c) | is_op(name)(c, tx), scalar_rule))
+
+    table = wildcard()
+
+    def take_rule(matched, m):
+        axes, shape = _axes(m[tx]), static_shape(m[table])
+        if axes is None or shape is None or len(shape) != 1 or int(matched.attrs.axis) != 0:
+            return matched
+        return _transpose(relax.op.take(m[table], m[x], axis=0), axes)
+
+    rules.append((is_op("relax.take")(table, tx), take_rule))
 
     def pad_rule(matched, m):
         axes = _axes(m[tx])

@@ -111,6 +111,43 @@ def branch_model(channels: int = 8, size: int = 16):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def mbconv_model(channels: int = 8, size: int = 16):
+    """EfficientNet's block as ``torch.onnx.export`` writes it (SiLU as ``x * Sigmoid(x)``):
+    conv3x3(3->c, pad 1) -> SiLU -> depthwise conv3x3(c, pad 1) -> SiLU -> squeeze and
+    excite (global average pool -> conv1x1(c->4) -> SiLU -> conv1x1(4->c) -> Sigmoid, the
+    block's tensor times it) -> conv1x1(c->2c), input ``x`` of shape ``(1, 3, size, size)``:
+    an ``onnx.ModelProto`` (opset 17)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = {"w1": _w(rng, channels, 3, 3, 3), "b1": _w(rng, channels),
+             "w2": _w(rng, channels, 1, 3, 3), "b2": _w(rng, channels),
+             "ws": _w(rng, 4, channels, 1, 1), "bs": _w(rng, 4),
+             "we": _w(rng, channels, 4, 1, 1), "be": _w(rng, channels),
+             "w3": _w(rng, 2 * channels, channels, 1, 1), "b3": _w(rng, 2 * channels)}
+    mk = helper.make_node
+
+    def silu(x: str, y: str) -> list:
+        return [mk("Sigmoid", [x], [f"{y}_s"]), mk("Mul", [x, f"{y}_s"], [y])]
+
+    nodes = [
+        mk("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), *silu("c1", "a1"),
+        mk("Conv", ["a1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=channels),
+        *silu("c2", "a2"),
+        mk("GlobalAveragePool", ["a2"], ["p"]),
+        mk("Conv", ["p", "ws", "bs"], ["s1"]), *silu("s1", "s2"),
+        mk("Conv", ["s2", "we", "be"], ["e1"]), mk("Sigmoid", ["e1"], ["e"]),
+        mk("Mul", ["a2", "e"], ["a3"]),
+        mk("Conv", ["a3", "w3", "b3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "mbconv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2 * channels, size, size])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def calibration_inputs(shape: tuple[int, ...], count: int = 8, name: str = "x",
                        seed: int = 0, like: np.ndarray | None = None
                        ) -> list[dict[str, np.ndarray]]:
