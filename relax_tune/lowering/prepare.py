@@ -24,6 +24,7 @@ from .flatten_matmul import FlattenMatmulRows
 from .im2col import ColumnsForFewChannels, column_group_bytes
 from .int8 import IntegerQDQ
 from .int8_pairs import MarkNarrowWeightPairs
+from .int8_tables import FusibleTableLookups
 from .graph import (ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvToMatmul,
                     PointwiseConvToMatmul)
 from .raise_elementwise import RaiseElementwiseCalls
@@ -142,6 +143,7 @@ def lowering_passes(target: tvm.target.Target, lift_transform_params: bool = Fal
         *([FuseAttention()] if target.kind.name == "llvm" else []),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
+        *([FusibleTableLookups()] if int8 else []),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
