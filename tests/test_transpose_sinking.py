@@ -118,3 +118,25 @@ def test_a_channel_shuffle_between_concat_and_split_stays_channels_last():
     x = np.random.default_rng(0).standard_normal((1, 6, 5, 8)).astype("float32")
     unused = np.zeros((1, 8, 3, 2), "float32")
     np.testing.assert_allclose(run_zero_pipeline(out, x, unused), run_zero_pipeline(mod, x, unused), rtol=1e-6)
+
+
+def test_a_table_lookup_and_a_squeeze_and_excite_gate_stay_channels_last():
+    """An int8 EfficientNet block's tail as ConvertLayout leaves it: the NHWC tensor back to
+    NCHW, looked up in a 1-D table (``int8_tables``), times a gate of shape (1, C, 1, 1)
+    (which is (1, 1, 1, C) under NHWC: a reshape, no data moved), back to NHWC. Both
+    transposes cancel; a gate whose long axes would change order under the permutation
+    (here (1, C, H, 1)) is not reshaped, so its transposes stay."""
+    table = np.arange(256, dtype="float32")[::-1].copy()
+    gate = np.random.default_rng(2).standard_normal((1, 8, 1, 1)).astype("float32")
+
+    def block(bb, x, _r, gate=gate):
+        t = bb.emit(relax.op.permute_dims(x, NCHW))
+        index = bb.emit(relax.op.astype(relax.op.clip(t, 0, 255), "int32"))
+        looked = bb.emit(relax.op.take(relax.const(table), index, axis=0))
+        gated = bb.emit(relax.op.multiply(looked, relax.const(gate)))
+        return bb.emit(relax.op.permute_dims(gated, NHWC))
+
+    _assert_all_cancel(_function(block), before=2)
+    wide = np.ones((1, 8, 6, 1), "float32")
+    mod = _function(lambda bb, x, r: block(bb, x, r, gate=wide))
+    assert count_transposes(sink_transposes(mod)) > 0

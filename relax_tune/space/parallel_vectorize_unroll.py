@@ -153,6 +153,12 @@ class RewriteParallelVectorizeUnroll(Postproc):
         if max_extent <= 1:
             return loops
         lanes = self.params.lanes(dtype)
+        if A.reads_by_data(sch, block):
+            # a gather is one load per lane: wider than a register of indices it gains
+            # nothing, and LLVM took 2.5 s to compile one 256-lane table lookup
+            max_extent = min(max_extent, self.params.lanes("int32"))
+            if max_extent <= 1:
+                return loops
         infos = A.loop_infos(sch, loops)
         fusible = A.vectorizable_suffix(sch, block, loops, [i.extent for i in infos])
         chosen: list[int] = []
