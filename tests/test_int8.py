@@ -418,6 +418,21 @@ def test_int8_kernels_are_tensorized_with_vpdpbusd(kind):
             np.testing.assert_array_equal(_run(candidate.sch.mod, host), _run(mod, host))
 
 
+@pytest.mark.parametrize("kind", ["matmul", "conv2d"])
+def test_24_output_channels_take_vpdpbusd_on_256_bit_registers(kind):
+    """Output channels of half AVX512-VNNI's 16 lanes (MobileNetV2's 24): the sketch still
+    tensorizes, on ``vpdpbusd`` with ymm registers, and computes the same integers."""
+    mod = integer_kernel(kind, VNNI, channels=24)
+    (sketch,) = generate_design_space(mod, VNNI)
+    candidate = space_for_target(VNNI).replay(mod, without_decisions(sketch), seed=11)
+    assert candidate.error is None, candidate.error
+    dots = [line for line in _asm(candidate.sch.mod, VNNI).splitlines() if "vpdpbusd" in line]
+    assert dots and all("ymm" in line for line in dots)
+    host = host_target()
+    if int8_dot_intrinsic(host) == VNNI_16X4:
+        np.testing.assert_array_equal(_run(candidate.sch.mod, host), _run(mod, host))
+
+
 @pytest.mark.parametrize("isa", ["vnni", "avx2"])
 def test_a_convolutions_own_padding_is_computed_in_its_parallel_jobs(isa):
     # a zero point of 0 leaves the padding to the convolution (no pad kernel before it):

@@ -23,9 +23,11 @@ The instruction (``int8_intrin.int8_dot_intrinsic``: AVX512-VNNI's ``vpdpbusd``,
 Where the target has AMX tiles the rule also offers AMX sketches of the same function
 (``amx_tiles``), and the tuner measures both kinds.
 
-Functions of another shape, sizes the instruction does not tile (``o`` not a multiple of
-``lanes``, ``r`` of ``depth``: a first convolution's 3 channels, a depthwise one), and
-targets without an instruction are left to the block rules (``sketches`` returns ``[]``).
+Output channels that are no multiple of AVX512-VNNI's 16 lanes but of 8 (MobileNetV2's 24)
+take its 256-bit form (``int8_intrin.half_width``). Functions of another shape, sizes the
+instruction does not tile (``o`` not a multiple of ``lanes``, ``r`` of ``depth``: a first
+convolution's 3 channels, a depthwise one), and targets without an instruction are left to
+the block rules (``sketches`` returns ``[]``).
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ from .. import analysis as A
 from ..params import TargetParams
 from ..rule import FunctionRule
 from .amx_tiles import AMX_DEPTH, AMX_LANES, amx_choices, schedule_amx
-from .int8_intrin import DotInstruction, dot_instruction, marked_narrow, narrow_variant, \
-    register
+from .int8_intrin import DotInstruction, dot_instruction, half_width, marked_narrow, \
+    narrow_variant, register
 from .int8_tile import pad_in_jobs, padding_block_name, rows_into_jobs, \
     write_back_and_pack
 from .layout_rewrite import PREPROC_ANNOTATION
@@ -201,6 +203,9 @@ class Int8DotProduct(FunctionRule):
         narrow = narrow_variant(self.instruction.name)
         if narrow is not None and marked_narrow(sch.mod["main"]):
             candidates.insert(0, narrow)
+        half = half_width(self.instruction.name)
+        if half is not None:
+            candidates.append(half)
         for inst in candidates:
             shape = recognise(sch, inst.lanes, inst.depth)
             if shape is not None:
