@@ -226,21 +226,6 @@ def called_ops(sch: Schedule, block: SBlockRV) -> set[str]:
     return names
 
 
-def reads_by_data(sch: Schedule, block: SBlockRV) -> bool:
-    """Whether the block body loads an element at an index read from a buffer (a gather,
-    such as an int8 table lookup fused into the kernel)."""
-    found = []
-    load_type = tvm.ir.expr.TensorLoad  # what ``tirx.BufferLoad`` makes in this TVM
-
-    def on_load(load: Any) -> None:
-        for index in load.indices:
-            if not found:
-                tvm_ffi.structural_walk(index, [(load_type, lambda _: found.append(True))])
-
-    tvm_ffi.structural_walk(node(sch, block).body, [(load_type, on_load)])
-    return bool(found)
-
-
 def write_dtype(sch: Schedule, block: SBlockRV) -> str:
     """The element type of the (first) buffer ``block`` writes ("float32" if it writes none)."""
     blk = node(sch, block)

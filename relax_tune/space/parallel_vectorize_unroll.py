@@ -10,6 +10,7 @@ replays to the same program (``tvm.compile`` ignores block annotations, hence th
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import tvm
 import tvm_ffi
@@ -78,6 +79,21 @@ def _has_reduction(sch: Schedule) -> bool:
             found.append(blk)
 
     tvm_ffi.structural_walk(sch.mod[A.func_name_of(sch)].body, [(tvm.s_tir.SBlock, on_block)])
+    return bool(found)
+
+
+def _reads_by_data(sch: Schedule, block: SBlockRV) -> bool:
+    """Whether the block body loads an element at an index read from a buffer (a gather,
+    such as an int8 table lookup fused into the kernel)."""
+    found = []
+    load_type = tvm.ir.expr.TensorLoad  # what ``tirx.BufferLoad`` makes in this TVM
+
+    def on_load(load: Any) -> None:
+        for index in load.indices:
+            if not found:
+                tvm_ffi.structural_walk(index, [(load_type, lambda _: found.append(True))])
+
+    tvm_ffi.structural_walk(A.node(sch, block).body, [(load_type, on_load)])
     return bool(found)
 
 
@@ -153,7 +169,7 @@ class RewriteParallelVectorizeUnroll(Postproc):
         if max_extent <= 1:
             return loops
         lanes = self.params.lanes(dtype)
-        if A.reads_by_data(sch, block):
+        if _reads_by_data(sch, block):
             # a gather is one load per lane: wider than a register of indices it gains
             # nothing, and LLVM took 2.5 s to compile one 256-lane table lookup
             max_extent = min(max_extent, self.params.lanes("int32"))
