@@ -31,7 +31,8 @@ from .tuning.extract import Task, extract_tasks
 from .lowering import bind_params, lower_for_tuning, lowering_passes  # noqa: F401 (for scripts)
 from .tuning.state import TaskReport
 from .tuning.tune import tune_tasks
-from .utils import RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target
+from .utils import (RelaxTuneError, dynamic_shape_vars, normalize_mod, parse_target,
+                    structural_hash)
 from .work_dir import WorkDir
 
 logger = logging.getLogger("relax_tune.transform")
@@ -204,6 +205,7 @@ class ApplyDatabase:
         self.predicted: list[str] = []
         self.unknown: list[str] = []
         self._predicted = None  # the work_dir's predicted schedules, while applying
+        self._task_hashes: set[int] | None = None  # the work_dir's tasks, read when needed
 
     def _database(self) -> Database:
         if self.database is not None:
@@ -222,6 +224,7 @@ class ApplyDatabase:
         db = self._database()
         out = mod.clone()
         self.applied, self.kept, self.predicted, self.unknown = [], [], [], []
+        self._task_hashes = None
         self._predicted = self.work_dir.open_predicted() \
             if self.work_dir is not None and self.database is None else None
         bounds = upper_bounds(mod)
@@ -299,11 +302,17 @@ class ApplyDatabase:
             return False
 
     def _known(self, db: Database, func: tirx.PrimFunc) -> bool:
-        """Whether ``func``'s workload is in ``db`` or the work_dir's predicted store."""
+        """Whether ``func``'s workload is in ``db``, the work_dir's predicted store, or its
+        tasks (a task the work_dir's sessions left untuned belongs to it all the same: a
+        no-measurement compile leaves its layout and elementwise tasks as they are)."""
         mod = normalize_mod(func)
         try:
+            if self._task_hashes is None:
+                self._task_hashes = set(self.work_dir.read_task_meta()) \
+                    if self.work_dir is not None else set()
             return db.has_workload(mod) or (self._predicted is not None
-                                            and self._predicted.database.has_workload(mod))
+                                            and self._predicted.database.has_workload(mod)) \
+                or structural_hash(mod) in self._task_hashes
         except Exception:  # noqa: BLE001 - only a warning depends on it
             return True
 

@@ -163,6 +163,20 @@ def test_applying_a_work_dir_tuned_for_another_module_warns(demo, target, tmp_pa
     assert "1 of 1 kernels are not in the work_dir" in caplog.text
 
 
+def test_a_task_the_work_dir_left_untuned_is_not_foreign(demo, target, tmp_path, caplog):
+    """A kernel whose task the work_dir's sessions extracted but left without a schedule (a
+    no-measurement compile leaves layout and elementwise tasks as they are) belongs to the
+    work_dir: applying it raises no "not in the work_dir" warning."""
+    lowered, _ = demo
+    wd = str(tmp_path / "w")
+    rt.tune_tasks(rt.extract_tasks(lowered, target), wd, measure=False)
+    WorkDir.of(wd).write_task_meta(rt.extract_tasks(matmul_mod(48), target))  # no schedule
+    with target:
+        applying = rt.ApplyDatabase(work_dir=wd)
+        applying(matmul_mod(48))
+    assert applying.unknown == [] and "are not in the work_dir" not in caplog.text
+
+
 def test_cuda_without_a_gpu_stops_at_once(tmp_path):
     if tvm.cuda(0).exist:
         pytest.skip("this machine has a GPU")
