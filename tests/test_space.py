@@ -525,3 +525,29 @@ def test_unroll_never_unrolls_a_whole_nest_past_256_iterations():
     assert _unroll_step(sch, loops, 512) == 512
     sch, loops = loops_of(4, 32, vectorize_j=True)     # 32 serial iterations
     assert _unroll_step(sch, loops, 512) == 512
+
+
+def test_a_postprocessor_that_raises_drops_the_candidate_and_says_so_once(target, caplog):
+    """A postprocessor rejects a candidate by returning False; one that raises has a bug:
+    the candidate is dropped (tuning goes on) and one warning names it, not one per
+    candidate."""
+    space = space_for_target(target)
+
+    class Broken:
+        def precheck(self, sch):
+            return True
+
+        def apply(self, sch):
+            raise ValueError("a bug in a postprocessor")
+
+        def __str__(self):
+            return "Broken()"
+
+    space.postprocs = [Broken(), *space.postprocs]
+    a, b = te.placeholder((64, 64), name="A"), te.placeholder((64, 64), name="B")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, topi.matmul(a, b)])})
+    (sketch, *_) = space.generate_design_space(mod)
+    with caplog.at_level("WARNING", logger="relax_tune.space"):
+        results = [space.replay(mod, without_decisions(sketch), seed=s) for s in (1, 2, 3)]
+    assert all(r.sch is None and "Broken() failed" in r.error for r in results)
+    assert sum("a bug in a postprocessor" in r.getMessage() for r in caplog.records) == 1
