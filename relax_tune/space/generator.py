@@ -22,14 +22,15 @@ logger = logging.getLogger("relax_tune.space")
 _REPORTED: set[str] = set()
 
 
-def _report_once(reason: str) -> None:
+def _report_once(post: Postproc, reason: str) -> None:
     """A postprocessor that raises has a bug (they reject a candidate by returning False;
-    none raised on 120 tasks of three models): its candidates are dropped, so say so once
-    per reason and process. Silent, a broken check left 36 of 101 tasks unpredicted."""
-    if reason not in _REPORTED:
-        _REPORTED.add(reason)
-        logger.warning("%s; its candidates are dropped (an internal error: please report it)",
-                       reason)
+    none raised on 120 CPU tasks of three models): its candidates are dropped, so say so,
+    once per postprocessor and process. Silent, a broken check left 36 of 101 tasks of a
+    no-measurement compile unpredicted."""
+    if str(post) not in _REPORTED:
+        _REPORTED.add(str(post))
+        logger.warning("%s; such candidates are dropped (an internal error: please report "
+                       "it)", reason)
 
 MAX_SKETCHES = 64
 """Rules that branch multiply sketches; more than this many are cut (first ones kept)."""
@@ -226,7 +227,7 @@ class SpaceGenerator:
                     return f"{post} rejected the candidate"
             except Exception as err:
                 reason = f"{post} failed: {error_line(err, with_type=True)}"
-                _report_once(reason)
+                _report_once(post, reason)
                 return reason
         return None
 
