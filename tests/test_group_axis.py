@@ -57,4 +57,6 @@ def test_every_candidate_of_a_grouped_convolution_is_correct(channels, groups):
                 np.testing.assert_allclose(_run(candidate.sch.mod, target, args), ref,
                                            rtol=1e-5, atol=1e-4)
                 checked += 1
-    assert checked >= 4
+    # which seeds the register-tile check keeps differs from process to process (3 to 6
+    # of these 12 under PYTHONHASHSEED 0-3; more seeds reach slow builds): at least 2
+    assert checked >= 2
