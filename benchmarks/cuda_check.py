@@ -108,6 +108,7 @@ def step_pipeline(target, dry: bool) -> None:
 
 
 def step_matmul(target, seconds: int, dry: bool) -> None:
+    import tvm
     from tvm import te
 
     import relax_tune as rt
@@ -116,8 +117,6 @@ def step_matmul(target, seconds: int, dry: bool) -> None:
     b = te.placeholder((1024, 1024), name="B")
     k = te.reduce_axis((0, 1024), name="k")
     c = te.compute((1024, 1024), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    import tvm
-
     mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
     tasks = rt.extract_tasks(mod, target)
     if dry:

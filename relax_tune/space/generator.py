@@ -32,6 +32,7 @@ def _report_once(post: Postproc, reason: str) -> None:
         logger.warning("%s; such candidates are dropped (an internal error: please report "
                        "it)", reason)
 
+
 MAX_SKETCHES = 64
 """Rules that branch multiply sketches; more than this many are cut (first ones kept)."""
 

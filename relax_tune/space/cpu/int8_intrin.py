@@ -83,7 +83,7 @@ NARROW_VARIANTS = {
 }
 """The faster instruction an intrinsic gives way to on functions marked
 ``NARROW_PAIRS_ATTR``."""
-HALF_WIDTH = {VNNI_16X4: INSTRUCTIONS[1]}
+HALF_WIDTH = {VNNI_16X4: next(i for i in INSTRUCTIONS if i.name == AVXVNNI_8X4)}
 """The instruction on half the lanes an intrinsic gives way to where the output channels
 are no multiple of its lanes but of half of them: AVX512-VNNI's ``vpdpbusd`` on 256-bit
 registers (every VNNI CPU has AVX512-VL; the LLVM intrinsic is AVX-VNNI's). MobileNetV2's
