@@ -40,22 +40,7 @@ from benchmarks.alternatives import (error_row, onnxruntime_row, openvino_precis
                                      openvino_row, pytorch_row)
 from benchmarks.contenders import Row, calibrate, interleave, numpy_output, tvm_row
 from benchmarks.real_models import make_model
-
-
-def output_scale(path: str) -> float | None:
-    """The scale of the DequantizeLinear that makes a QDQ file's output (one output
-    quantisation step), or None when the output is not dequantized by a constant scale."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(path)
-    out = model.graph.output[0].name
-    init = {i.name: i for i in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "DequantizeLinear" and node.output[0] == out \
-                and node.input[1] in init:
-            return float(numpy_helper.to_array(init[node.input[1]]).reshape(-1)[0])
-    return None
+from relax_tune.testing.quantized import output_scale
 
 
 def wants_reduce_range(choice: str, target) -> bool:

@@ -54,7 +54,7 @@ try:  # the model tests need both; the instruction tests below run without them
     from onnxruntime import quantization as _  # noqa: F401
 
     from relax_tune.testing.quantized import (block_model, branch_model, cnn_model,
-                                              save_quantized)
+                                              ort_run as _ort, output_scale, save_quantized)
 except ImportError:
     onnx = ort = None
 needs_ort = pytest.mark.skipif(ort is None, reason="needs onnx and onnxruntime")
@@ -77,15 +77,6 @@ def models(tmp_path_factory):
         x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
         out[name] = (float_path, qdq_path, x)
     return out
-
-
-def _ort(path: str, x: np.ndarray, basic: bool = False) -> np.ndarray:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    if basic:  # no QDQ fusion into ONNX Runtime's integer kernels: QDQ as ONNX defines it
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
 
 
 def _near_onnx_runtime(got: np.ndarray, ref: np.ndarray, exact: np.ndarray, step: float,
@@ -111,13 +102,6 @@ def _ort_of_qdq(model, folder, x: np.ndarray) -> np.ndarray:
     path = os.path.join(str(folder), "as_qdq.onnx")
     onnx.save(model, path)
     return _ort(path, x, basic=True)
-
-
-def _output_scale(path: str) -> float:
-    model = onnx.load(path)
-    last = [n for n in model.graph.node if n.op_type == "QuantizeLinear"][-1]
-    init = {i.name: i for i in model.graph.initializer}
-    return float(onnx.numpy_helper.to_array(init[last.input[1]]))
 
 
 def _calls(mod: tvm.IRModule, name: str, dtype: str | None = None) -> list:
@@ -269,7 +253,7 @@ def test_pipeline_matches_onnx_runtime_int8(models, name, isa, target, tmp_path)
     ex = tvm.compile(loaded.mod, target, relax_pipeline=pipe)
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     ref, exact, flt = _ort(qdq_path, x), _ort(qdq_path, x, basic=True), _ort(float_path, x)
-    step = _output_scale(qdq_path)
+    step = output_scale(qdq_path)
     steps = np.abs(got - exact) / step
     assert steps.max() <= 1 + 1e-3 and np.mean(steps > 0.5) <= 0.01, \
         f"{steps.max():.2f} steps from ONNX's QDQ meaning on {np.mean(steps > 0.5):.1%}"
@@ -370,7 +354,7 @@ def test_asymmetric_u8_weights_stay_float_and_correct(target, tmp_path):
     ex = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline(
         "relax_tune", target=target, work_dir=str(tmp_path / "w"), max_trials_global=0))
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-    steps = np.abs(got - _ort(qdq_path, x, basic=True)) / _output_scale(qdq_path)
+    steps = np.abs(got - _ort(qdq_path, x, basic=True)) / output_scale(qdq_path)
     assert steps.max() <= 1 + 1e-3 and np.mean(steps > 0.5) <= 0.01
 
 
@@ -589,7 +573,7 @@ def test_a_reduce_range_model_is_exact_on_vpmaddubsw(tmp_path):
     x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype(np.float32)
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     exact, ref = _ort(qdq_path, x, basic=True), _ort(qdq_path, x)
-    step = _output_scale(qdq_path)
+    step = output_scale(qdq_path)
     assert (np.abs(got - exact) / step).max() <= 1 + 1e-3
     assert (np.abs(got - ref) / step).max() <= STEPS["cnn"] + 1e-3
 

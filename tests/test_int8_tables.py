@@ -17,7 +17,7 @@ from relax_tune.utils import host_target, normalize_mod
 try:  # the model test needs both
     import onnxruntime as ort
 
-    from relax_tune.testing.quantized import mbconv_model, save_quantized
+    from relax_tune.testing.quantized import mbconv_model, ort_run, output_scale, save_quantized
 except ImportError:
     ort = None
 needs_ort = pytest.mark.skipif(ort is None, reason="needs onnx and onnxruntime")
@@ -32,24 +32,6 @@ def _calls_tir(mod: tvm.IRModule) -> list[str]:
 
     relax.analysis.post_order_visit(mod["main"], visit)
     return names
-
-
-def _ort_basic(path: str, x: np.ndarray) -> np.ndarray:
-    """The QDQ model's meaning: ONNX Runtime with basic optimisations (test_int8.py)."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
-
-
-def _output_scale(path: str) -> float:
-    import onnx
-
-    model = onnx.load(path)
-    last = [n for n in model.graph.node if n.op_type == "QuantizeLinear"][-1]
-    init = {i.name: i for i in model.graph.initializer}
-    return float(onnx.numpy_helper.to_array(init[last.input[1]]))
 
 
 @needs_ort
@@ -73,7 +55,7 @@ def test_silu_is_one_lookup_fused_into_the_convolution(target, tmp_path):
     ex = tvm.compile(loaded.mod, target, relax_pipeline=loaded.compile_pipeline(
         target, str(tmp_path / "wd"), max_trials_global=0))
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-    steps = np.abs(got - _ort_basic(qdq_path, x)) / _output_scale(qdq_path)
+    steps = np.abs(got - ort_run(qdq_path, x, basic=True)) / output_scale(qdq_path)
     assert steps.max() <= 1 + 1e-3 and np.mean(steps > 0.5) <= 0.01, steps.max()
 
 

@@ -33,7 +33,7 @@ import tvm
 from tvm import relax, te
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .rewrite import constant, rewrite_functions
+from .rewrite import OPAQUE, constant, rewrite_functions
 from ..space.cpu.amx_intrin import has_amx
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,6 @@ def column_group_bytes(target: tvm.target.Target) -> int:
     ``DOT_DEPTH``."""
     return AMX_GROUP_BYTES if has_amx(target) else DOT_DEPTH
 
-OPAQUE = 8  # relax's OpPatternKind kOpaque: FuseOps leaves the call alone
 
 
 def _pow2_at_least(n: int) -> int:

@@ -29,7 +29,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from .qparams import INT8_TYPES, dtype_range, qparams_of
-from .rewrite import rewrite_functions
+from .rewrite import ELEMWISE, OPAQUE, rewrite_functions
 
 
 def _gelu(x: float) -> float:
@@ -140,7 +140,6 @@ def quantized_functions_as_tables(mod):
     return mod
 
 
-ELEMWISE, OPAQUE = 0, 8
 """Relax's OpPatternKind values: kElemWise, kOpaque."""
 
 

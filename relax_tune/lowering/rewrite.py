@@ -10,6 +10,10 @@ from tvm import relax
 from tvm.ir import GenericConst
 from tvm.relax.dpl import rewrite_call
 
+# Relax's OpPatternKind values, read by FuseOps from a PrimFunc's "op_pattern" attribute:
+# an elementwise call fuses into its neighbours, an opaque one is left alone.
+ELEMWISE, OPAQUE = 0, 8
+
 
 def constant(expr: relax.Expr) -> np.ndarray | None:
     """The value of a bound constant (None for anything computed at run time)."""

@@ -200,3 +200,33 @@ def save_quantized(model, folder: str, name: str, calibration: int = 8,
     qdq_path = quantize_qdq(float_path, os.path.join(folder, f"{name}_qdq.onnx"),
                             calibration_inputs(shape, calibration, inp.name), **options)
     return float_path, qdq_path
+
+
+def ort_run(path: str, x: np.ndarray, basic: bool = False, threads: int = 2) -> np.ndarray:
+    """Run the ONNX file at ``path`` on input ``x`` (named ``x``) with ONNX Runtime's CPU
+    provider; ``basic``: basic graph optimisations only, so a QDQ model is not fused into
+    ONNX Runtime's integer kernels and computes what ONNX defines."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    if basic:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def output_scale(path: str) -> float | None:
+    """The scale of the DequantizeLinear that makes a QDQ file's output (one output
+    quantisation step), or None when the output is not dequantized by a constant scale."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(path)
+    out = model.graph.output[0].name
+    init = {i.name: i for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.output[0] == out \
+                and node.input[1] in init:
+            return float(numpy_helper.to_array(init[node.input[1]]).reshape(-1)[0])
+    return None
