@@ -12,9 +12,16 @@ it:
   2^n built in the exponent bits); inputs clamped to [-88.38, 88.38] (exp(-inf) = 0).
 - ``erf``, ``tanh``: Eigen's rational approximations (the ones TVM's ``topi.fast_erf`` and
   ``fast_tanh`` use), inputs clamped to [-4, 4] and [-9, 9].
-- ``sigmoid(x)`` = 1 / (1 + exp(-x)) with the ``exp`` above.
+- ``sigmoid``: Eigen's rational approximation of the logistic function (the one ONNX
+  Runtime's MLAS uses): ``0.5 + x * P(x^2) / Q(x^2)`` on x clamped to [-18, 18], about half
+  the operations of ``1 / (1 + exp(-x))`` and no integer steps (a SiLU over 56x56x144
+  floats: 420 -> 325 us, AMD Zen 1, 2 threads). Its error is absolute, up to 1e-7 (two ulps
+  of 1.0), so outputs far below 0.5 (x < -5) are not accurate to their own ulps; as an
+  activation (SiLU, squeeze-and-excite gates) that is below float32 rounding of the values
+  it scales.
 
-All agree with libm to a few float32 ulps (tested in tests/test_fast_math.py).
+``exp``, ``erf`` and ``tanh`` agree with libm to a few float32 ulps (tested in
+tests/test_fast_math.py).
 
 ``nearbyint`` (Relax's ``round``: every int8 requantisation) becomes ``round``: both are
 ``llvm.nearbyint`` (half to even) on CPUs, but TVM's vectorizer leaves a loop with a
@@ -41,6 +48,10 @@ _TANH_ALPHA = [-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-1
                4.89352455891786e-03]
 _TANH_BETA = [1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
               4.89352518554385e-03]
+_LOGISTIC_ALPHA = [4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
+                   8.51377133304701e-03, 2.48287947061529e-01]
+_LOGISTIC_BETA = [6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
+                  1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01]
 
 
 def _c(value: float) -> tirx.PrimExpr:
@@ -95,8 +106,10 @@ def fast_tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
 
 
 def fast_sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
-    """float32 1 / (1 + e^-x) with ``fast_exp``."""
-    return _c(1.0) / (_c(1.0) + fast_exp(_c(0.0) - x))
+    """float32 1 / (1 + e^-x) as a rational approximation (Eigen's logistic)."""
+    # at the lower clamp the quotient rounds to just past -0.5: never a negative output
+    return tirx.max(_odd_rational(x, 18.0, _LOGISTIC_ALPHA, _LOGISTIC_BETA) + _c(0.5),
+                    _c(0.0))
 
 
 def vector_round(x: tirx.PrimExpr) -> tirx.PrimExpr:
