@@ -29,6 +29,7 @@ from .graph import (ChannelsLastConvolutions, FoldBatchNormIntoConv, PatchConvTo
                     PointwiseConvToMatmul)
 from .raise_elementwise import RaiseElementwiseCalls
 from .shape_bounds import SimplifyBoundedShapes
+from .take_mode import ClippedTakes
 from .winograd import WinogradConvolutions
 from ..space.params import target_params
 from ..utils import RelaxTuneError, parse_target
@@ -103,6 +104,7 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
     ``winograd`` is False (``winograd.WinogradConvolutions``), and constants are folded."""
     cpu = target is not None and target.kind.name == "llvm"
     return [
+        ClippedTakes(),  # no "fast" take: no out-of-bounds read, no warning per legalization
         RaiseElementwiseCalls(),  # ONNX's Clip, imported as kernels: operators again
         *([IntegerQDQ()] if int8 else []),
         SimplifyBoundedShapes(),  # a position table sliced to a bounded sequence length

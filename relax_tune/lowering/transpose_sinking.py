@@ -157,7 +157,8 @@ def _rules():
         axes, shape = _axes(m[tx]), static_shape(m[table])
         if axes is None or shape is None or len(shape) != 1 or int(matched.attrs.axis) != 0:
             return matched
-        return _transpose(relax.op.take(m[table], m[x], axis=0), axes)
+        return _transpose(relax.op.take(m[table], m[x], axis=0, mode=str(matched.attrs.mode)),
+                          axes)
 
     rules.append((is_op("relax.take")(table, tx), take_rule))
 
