@@ -56,7 +56,6 @@ def column_group_bytes(target: tvm.target.Target) -> int:
     return AMX_GROUP_BYTES if has_amx(target) else DOT_DEPTH
 
 
-
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 

@@ -142,9 +142,6 @@ def quantized_functions_as_tables(mod):
     return mod
 
 
-"""Relax's OpPatternKind values: kElemWise, kOpaque."""
-
-
 def _is_table_lookup(func) -> bool:
     """Whether a legalized PrimFunc is ``take`` of a 1-D table of at most 256 entries by an
     index tensor of the output's shape (one ``T_take`` block)."""
