@@ -51,12 +51,13 @@ def test_every_candidate_of_a_grouped_convolution_is_correct(channels, groups):
     assert any(ANN_WHOLE_LOOP in str(inst.attrs) for s in sketches for inst in s.insts)
     checked = 0
     for sketch in sketches:
-        for seed in range(6):
+        for seed in range(1, 7):  # TVM's seeds start at 1 (0: a random one)
             candidate = space.replay(mod, without_decisions(sketch), seed=seed)
             if candidate.error is None:
                 np.testing.assert_allclose(_run(candidate.sch.mod, target, args), ref,
                                            rtol=1e-5, atol=1e-4)
                 checked += 1
-    # which seeds the register-tile check keeps differs from process to process (3 to 6
-    # of these 12 under PYTHONHASHSEED 0-3; more seeds reach slow builds): at least 2
+    # which samples the register-tile check keeps depends on the CPU (6 and 9 of 18 on a
+    # Zen 1, the same under any PYTHONHASHSEED; seed 0 was a random one, so the count once
+    # moved from process to process; more seeds reach slow builds): at least 2
     assert checked >= 2

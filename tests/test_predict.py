@@ -546,7 +546,7 @@ def test_accumulator_registers_count_the_register_tile():
     (sketch,) = generate_design_space(mod, vnni)
     space = space_for_target(vnni)
     seen = set()
-    for seed in range(8):
+    for seed in range(1, 9):  # TVM's seeds start at 1 (0: a random one)
         sch = space.replay(mod, without_decisions(sketch), seed=seed).sch
         vectors, rows = [int(sch.trace.decisions[inst][1]) for inst in sch.trace.insts
                          if inst.kind.name == "SamplePerfectTile"][:2]

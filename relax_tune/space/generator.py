@@ -75,7 +75,7 @@ def _main_name(mod: tvm.IRModule) -> str | None:
 
 
 def _new_schedule(mod: tvm.IRModule, seed: int | None) -> Schedule:
-    if seed is not None:  # 0 is a seed too (it was once taken for "none": a random one)
+    if seed:  # TVM's seeds start at 1: 0 or None is a random one
         return Schedule(mod, seed=int(seed), error_render_level="none")
     return Schedule(mod, error_render_level="none")
 
