@@ -70,13 +70,17 @@ class LoadedModel:
         return dict(self.params) if self.params or self.weights_bound else None
 
     def lowered(self, target: Any = None, winograd: bool = True,
-                int8: bool = True) -> tvm.IRModule:
+                int8: bool | str = "auto") -> tvm.IRModule:
         """The module with ``params`` bound, after the "relax_tune" pipeline's pre-tuning
-        passes (``prepare.lower_for_tuning``): the module tasks are extracted from."""
+        passes (``prepare.lower_for_tuning``, ``int8`` resolved as the pipeline resolves
+        it): the module tasks are extracted from."""
+        from .int8_choice import resolve_int8
         from .lowering.prepare import lower_for_tuning
+        from .utils import parse_target
 
+        target = parse_target(target)
         return lower_for_tuning(self.mod, target, self._params(), winograd=winograd,
-                                int8=int8)
+                                int8=resolve_int8(int8, self.mod, target))
 
     def compile_lowered(self, lowered: tvm.IRModule, target: Any, work_dir: str,
                         shape_hints: Any = None) -> Any:

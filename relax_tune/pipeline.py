@@ -11,6 +11,7 @@ import tvm
 from tvm import relax
 
 from .config import TuneConfig
+from .int8_choice import check_int8, resolve_int8
 from .lowering import backend_pipeline, default_prepack, lower_for_tuning
 from .transform import ApplyDatabase, TuneIRMod
 from .utils import RelaxTuneError, parse_target
@@ -36,7 +37,7 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
                         op_names: Sequence[str] | None = None, params: dict | None = None,
                         lift_transform_params: bool = False,
                         cpu_weight_prepack: bool | None = None, winograd: bool = True,
-                        int8: bool = True,
+                        int8: bool | str = "auto",
                         config: TuneConfig | None = None, **options) -> tvm.transform.Pass:
     """The "relax_tune" pipeline: prepare the weights, lower, tune, apply the database,
     finish the build pipeline. Use it as the ``relax_pipeline`` of ``tvm.compile``::
@@ -89,11 +90,14 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
     ``False`` keeps the convolutions; the tasks differ, so a work_dir tuned one way does not
     serve the other.
 
-    ``int8``: in a quantized model (QDQ: ONNX Runtime's static quantizer), the convolutions
-    and matmuls between dequantize and quantize are computed in integers, u8/s8 operands
-    with int32 accumulation and the requantisation fused as their epilogue
+    ``int8``: in a quantized model (QDQ: ONNX Runtime's static quantizer), ``True``
+    computes the convolutions and matmuls between dequantize and quantize in integers, u8/s8
+    operands with int32 accumulation and the requantisation fused as their epilogue
     (``relax_tune.lowering.int8``); ``False`` keeps TVM's float arithmetic around each
-    quantize/dequantize pair. A model without quantize/dequantize is not changed.
+    quantize/dequantize pair; ``"auto"`` (default) takes the integer kernels where they pay
+    on this machine, measured once per machine and kept (``relax_tune.int8_choice``; a
+    target of another CPU takes them unmeasured). A model without quantize/dequantize is
+    not changed.
 
     GPU targets (``cuda``): functions without a tuning record get ``tvm.s_tir.dlight``'s
     default schedules (Matmul, GEMV, Reduction, GeneralReduction, Fallback), so the compiled
@@ -101,6 +105,7 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
     applies the records already in ``work_dir``. ``config``/``options`` describe the tuning session as for
     ``TuneIRMod`` (an unknown option raises ``RelaxTuneError`` when the pipeline is made).
     """
+    check_int8(int8)
     if cpu_weight_prepack and params is None and not lift_transform_params:
         raise RelaxTuneError("cpu_weight_prepack=True needs params={...} (prepack at compile "
                              "time) or lift_transform_params=True (prepack in "
@@ -128,7 +133,7 @@ def relax_tune_pipeline(target=None, work_dir: "WorkDir | str | None" = None,
         # is out of the kernels); with prepacking a second lift after the split adds the
         # packing to the same <func>_transform_params.
         mod = lower_for_tuning(mod, tgt, params, lift_transform_params, prepack, winograd,
-                               int8)
+                               resolve_int8(int8, mod, tgt))
         with tgt:
             if tuner.config.trial_budget > 0 or not tuner.config.measure:
                 tuner(_without_transform_params(mod))

@@ -249,7 +249,7 @@ def test_pipeline_matches_onnx_runtime_int8(models, name, isa, target, tmp_path)
     float_path, qdq_path, x = models[name]
     loaded = load_model(qdq_path)
     pipe = loaded.compile_pipeline(target, str(tmp_path), max_trials_global=2,
-                                   num_trials_per_iter=2, op_names=TUNED[name])
+                                   num_trials_per_iter=2, op_names=TUNED[name], int8=True)
     ex = tvm.compile(loaded.mod, target, relax_pipeline=pipe)
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     ref, exact, flt = _ort(qdq_path, x), _ort(qdq_path, x, basic=True), _ort(float_path, x)
@@ -263,7 +263,7 @@ def test_pipeline_matches_onnx_runtime_int8(models, name, isa, target, tmp_path)
     assert np.abs(got - flt).mean() <= 1.1 * np.abs(ref - flt).mean() + 0.05 * step
     # the tuned tasks are integer kernels, their weights (the ONNX file's constants) packed
     # at compile time like bound params (without it: 11.5 ms instead of 3.0 for ResNet-18)
-    tasks = rt.extract_tasks(loaded.lowered(target), target)
+    tasks = rt.extract_tasks(loaded.lowered(target, int8=True), target)
     assert any("int32" in t.mod.script() and "uint8" in t.mod.script() for t in tasks)
     assert any(layout_free_buffers(t.mod["main"]) for t in tasks)
 
@@ -273,7 +273,7 @@ def test_int8_false_keeps_float_arithmetic(models, target):
     loaded = load_model(models["cnn"][1])
     with target:
         floaty = loaded.lowered(target, int8=False)
-        integer = loaded.lowered(target)
+        integer = loaded.lowered(target, int8=True)
     scripts = [t.mod.script() for t in rt.extract_tasks(floaty, target)]
     assert not any('"int8"' in s and "conv" in s for s in scripts)
     assert any('"int8"' in t.mod.script() for t in rt.extract_tasks(integer, target))
@@ -301,7 +301,8 @@ def test_qoperator_models_are_read_as_qdq_and_match_onnx_runtime(name, target, t
     out = IntegerQDQ()(loaded.mod)
     assert len(_calls(out, "relax.nn.conv2d", "int32") + _calls(out, "relax.matmul", "int32")) \
         == INTEGER_KERNELS[name]
-    pipe = loaded.compile_pipeline(target, str(tmp_path / "wd"), max_trials_global=0)
+    pipe = loaded.compile_pipeline(target, str(tmp_path / "wd"), max_trials_global=0,
+                                   int8=True)
     ex = tvm.compile(loaded.mod, target, relax_pipeline=pipe)
     x = np.random.default_rng(7).standard_normal(
         [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype("float32")
@@ -331,7 +332,8 @@ def test_qoperator_activations_pooling_and_concat_match_onnx_runtime(target, tmp
                                              if n.op_type.startswith("QLinear")]
     assert all(o.domain != "com.microsoft" for o in qdq.opset_import)
     loaded = load_model(path)
-    pipe = loaded.compile_pipeline(target, str(tmp_path / "wd"), max_trials_global=0)
+    pipe = loaded.compile_pipeline(target, str(tmp_path / "wd"), max_trials_global=0,
+                                   int8=True)
     ex = tvm.compile(loaded.mod, target, relax_pipeline=pipe)
     x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype("float32")
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
@@ -564,10 +566,10 @@ def test_a_reduce_range_model_is_exact_on_vpmaddubsw(tmp_path):
     float_path, qdq_path = save_quantized(cnn_model(), str(tmp_path), "cnn7",
                                           reduce_range=True)
     loaded = load_model(qdq_path)
-    tiled = [t for t in rt.extract_tasks(loaded.lowered(AVX2), AVX2)
+    tiled = [t for t in rt.extract_tasks(loaded.lowered(AVX2, int8=True), AVX2)
              if narrow_pair_weight(t.mod["main"], 8, 4) is not None]
     assert len(tiled) == 2 and all(marked_narrow(t.mod["main"]) for t in tiled)
-    pipe = loaded.compile_pipeline(AVX2, str(tmp_path / "wd"), measure=False)
+    pipe = loaded.compile_pipeline(AVX2, str(tmp_path / "wd"), measure=False, int8=True)
     ex = tvm.compile(loaded.mod, AVX2, relax_pipeline=pipe)
     assert "vpmaddubsw" in ex.mod.imports[0].inspect_source("asm")
     x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype(np.float32)
@@ -590,7 +592,7 @@ def test_predicted_int8_kernels_are_faster_than_their_untuned_functions(
         pytest.skip("this CPU has no int8 dot-product instruction relax_tune tensorizes with")
     _, qdq_path = save_quantized(cnn_model(channels=16, size=32), str(tmp_path), "cnn",
                                  reduce_range=reduce_range)
-    lowered = load_model(qdq_path).lowered(target)
+    lowered = load_model(qdq_path).lowered(target, int8=True)
     tasks = [t for t in rt.extract_tasks(lowered, target)
              if narrow_pair_weight(t.mod["main"], 8, 4) is not None]
     assert len(tasks) >= 2

@@ -45,7 +45,7 @@ def test_silu_is_one_lookup_fused_into_the_convolution(target, tmp_path):
     x = np.random.default_rng(5).standard_normal((1, 3, 16, 16)).astype(np.float32)
     loaded = load_model(qdq_path)
     with target:
-        kernels = _calls_tir(loaded.lowered(target))
+        kernels = _calls_tir(loaded.lowered(target, int8=True))
     lookups = [k for k in kernels if "take" in k]
     assert len(lookups) == 4, kernels  # three SiLUs and the gate's sigmoid
     assert not any(k.startswith("take") for k in lookups), lookups
@@ -53,7 +53,7 @@ def test_silu_is_one_lookup_fused_into_the_convolution(target, tmp_path):
     moving = [i for i, k in enumerate(kernels) if "transpose" in k]
     assert moving == [0, len(kernels) - 1], kernels
     ex = tvm.compile(loaded.mod, target, relax_pipeline=loaded.compile_pipeline(
-        target, str(tmp_path / "wd"), max_trials_global=0))
+        target, str(tmp_path / "wd"), max_trials_global=0, int8=True))
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     steps = np.abs(got - ort_run(qdq_path, x, basic=True)) / output_scale(qdq_path)
     assert steps.max() <= 1 + 1e-3 and np.mean(steps > 0.5) <= 0.01, steps.max()

@@ -88,7 +88,8 @@ def graph_passes(target: tvm.target.Target | None = None, winograd: bool = True,
     operators again (``raise_elementwise.RaiseElementwiseCalls``), the quantized
     convolutions and matmuls of a QDQ model are computed in integers unless ``int8`` is
     False (``int8.IntegerQDQ``; first, while the quantized weights are still constants of
-    their own), shapes are simplified with the bounds of their symbolic variables
+    their own; the pipeline resolves its ``int8="auto"`` to True or False first,
+    ``relax_tune.int8_choice``), shapes are simplified with the bounds of their symbolic variables
     (``shape_bounds.SimplifyBoundedShapes``), batch norms after convolutions are folded into
     the convolutions' weights and bias (with bound weights the scale and shift are
     constants, folded at compile time), the remaining batch norms and layer norms are
@@ -182,7 +183,8 @@ def lower_for_tuning(mod: tvm.IRModule, target: Any = None, params: dict | None 
                      winograd: bool = True, int8: bool = True) -> tvm.IRModule:
     """``mod`` as exported, with ``params`` bound, through ``lowering_passes``: the module
     whose tasks the "relax_tune" pipeline tunes and later looks up in the database
-    (``cpu_weight_prepack`` None: ``default_prepack``)."""
+    (``cpu_weight_prepack`` None: ``default_prepack``; ``int8`` as ``graph_passes`` takes
+    it: the pipeline resolves its ``"auto"`` first, ``relax_tune.int8_choice``)."""
     target = parse_target(target)
     prepack = default_prepack(target, params, lift_transform_params) \
         if cpu_weight_prepack is None else cpu_weight_prepack

@@ -22,6 +22,7 @@ from typing import Any
 
 import tvm
 
+from ...paths import cache_root
 from ...utils import load_ir_json
 
 logger = logging.getLogger(__name__)
@@ -29,9 +30,7 @@ logger = logging.getLogger(__name__)
 
 def cache_dir() -> str:
     """Where parsed scripts are kept."""
-    root = os.environ.get("RELAX_TUNE_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "relax_tune")
-    return os.path.join(root, "scripts")
+    return os.path.join(cache_root(), "scripts")
 
 
 def _key(text: str) -> str:
