@@ -613,6 +613,9 @@ def _run(ex, x):
     return vm["forward"](tvm.runtime.tensor(x)).numpy()
 
 
+@pytest.mark.slow  # 39-51 s on a Zen 1; the same path, cheaper: test_attention.py's dynamic
+# attention through the pipeline, test_predict.py's dynamic no-measurement compile and
+# test_dispatch_plan.py's measured plan
 def test_pipeline_with_records_matches_untuned_at_every_size(target, tmp_path, caplog):
     """A dynamic-shape model tuned through the "relax_tune" pipeline with hints {16, 64}
     (its matmuls, one trial per task, no baseline records and no ranking against the
