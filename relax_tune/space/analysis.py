@@ -330,6 +330,14 @@ def _linear_coef(expr: Any, var: Any) -> int | None:
     return _const_int(res[0])
 
 
+_INDEX_COEFS: dict[int, list] = {}
+"""``loop_strides``' coefficients of each block var in each index of a block's accesses, by
+the block's iter vars and accesses (free variables mapped): loop transformations keep a
+block's own indices, so every replay of a task's sketches would derive them again, about
+half of ``loop_strides``' time."""
+_INDEX_COEFS_KEPT = 4096
+
+
 def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[list[int | None]] | None:
     """For each buffer access of ``block`` (reads then writes), the stride in elements of the
     flattened index per loop of ``loops`` (0: the loop does not move the access; None: not
@@ -355,17 +363,25 @@ def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[li
         # under the iters' ranges a split group axis's ``(g * G + f) // G * G`` is ``g * G``
         # (space.cpu.group_axis)
         return _linear_coef(within_iters().simplify(index), bvar)
+    accesses = list(blk.reads) + list(blk.writes)
+    # coefficient of every block var in every index of every access (loop-independent)
+    key = tvm_ffi.structural_hash(tvm.runtime.convert([blk.iter_vars, blk.reads, blk.writes]),
+                                  map_free_vars=True)
+    idx_coefs = _INDEX_COEFS.get(key)
+    if idx_coefs is None:
+        idx_coefs = [[[index_coef(rng.min, bvar) for bvar, _ in bindings]
+                      for rng in access.region] for access in accesses]
+        if len(_INDEX_COEFS) >= _INDEX_COEFS_KEPT:
+            _INDEX_COEFS.clear()
+        _INDEX_COEFS[key] = idx_coefs
     out: list[list[int | None]] = []
-    for access in list(blk.reads) + list(blk.writes):
+    for access, idx_coef in zip(accesses, idx_coefs):
         shape = _buffer_shape(access.source)
         if any(d is None for d in shape):
             return None
         buf_strides = [1] * len(shape)
         for d in range(len(shape) - 2, -1, -1):
             buf_strides[d] = buf_strides[d + 1] * int(shape[d + 1])
-        # coefficient of every block var in every index of the access (loop-independent)
-        idx_coef = [[index_coef(rng.min, bvar) for bvar, _ in bindings]
-                    for rng in access.region]
         if any(c is None for row in idx_coef for c in row):
             out.append([None] * len(loop_vars))
             continue

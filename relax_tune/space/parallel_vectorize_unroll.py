@@ -10,6 +10,7 @@ replays to the same program (``tvm.compile`` ignores block annotations, hence th
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import tvm
@@ -80,6 +81,22 @@ def _has_reduction(sch: Schedule) -> bool:
 
     tvm_ffi.structural_walk(sch.mod[A.func_name_of(sch)].body, [(tvm.s_tir.SBlock, on_block)])
     return bool(found)
+
+
+def _vector_reach(infos: list, max_extent: int) -> tuple[int, bool]:
+    """How many innermost loops of ``infos`` may form one vector loop of at most
+    ``max_extent`` lanes (free spatial loops of known extent, each its parent's only child),
+    and whether the innermost alone, such a loop, is wider than that (then it is split)."""
+    reach, prod = 0, 1
+    for info in reversed(infos):
+        if not info.free or info.iter_type != "S" or not info.single_child \
+                or info.extent is None:
+            break
+        if prod * info.extent > max_extent:
+            return reach, reach == 0
+        prod *= info.extent
+        reach += 1
+    return reach, False
 
 
 def _reads_by_data(sch: Schedule, block: SBlockRV) -> bool:
@@ -176,24 +193,17 @@ class RewriteParallelVectorizeUnroll(Postproc):
             if max_extent <= 1:
                 return loops
         infos = A.loop_infos(sch, loops)
-        fusible = A.vectorizable_suffix(sch, block, loops, [i.extent for i in infos])
-        chosen: list[int] = []
-        prod = 1
-        too_big = False
-        for i in range(len(loops) - 1, max(-1, len(loops) - 1 - fusible), -1):
-            info = infos[i]
-            if not info.free or info.iter_type != "S" or not info.single_child:
-                break
-            if info.extent is None:
-                break
-            if prod * info.extent > max_extent:
-                too_big = not chosen
-                break
-            prod *= info.extent
-            chosen.insert(0, i)
-        if too_big:
+        reach, too_big = _vector_reach(infos, max_extent)
+        if not reach and not too_big:
+            return loops
+        # only the loops the vector loop can take are analysed (a loop's strides do not
+        # depend on the loops outside it): a tiled nest's other loops cost as much again
+        fusible = A.vectorizable_suffix(sch, block, loops[-max(1, reach):],
+                                        [i.extent for i in infos[-max(1, reach):]])
+        if too_big and fusible:
             return self._split_vectorize(sch, block, loops, infos[-1].extent, max_extent, lanes)
-        if not chosen or prod <= 1:
+        chosen = list(range(len(loops) - min(reach, fusible), len(loops)))
+        if not chosen or math.prod(infos[i].extent for i in chosen) <= 1:
             return loops
         if len(chosen) > 1:
             fused = sch.fuse(*[loops[i] for i in chosen])
