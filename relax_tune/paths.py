@@ -2,8 +2,7 @@
 bad ``-o`` is one clear line (never a traceback after minutes of compiling) and no output
 ever replaces a work_dir's own files or a source the user gave.
 
-Every check raises ``RelaxTuneError`` naming the path and what to do. ``cache_root`` is
-where this machine's own data is kept between runs.
+Every check raises ``RelaxTuneError`` naming the path and what to do.
 """
 
 from __future__ import annotations
@@ -12,13 +11,6 @@ import os
 from collections.abc import Iterable
 
 from .utils import RelaxTuneError
-
-
-def cache_root() -> str:
-    """Where relax_tune keeps what it learns once per machine (parsed scripts, the int8
-    probe's answer): ``$RELAX_TUNE_CACHE_DIR``, default ``~/.cache/relax_tune``."""
-    return os.environ.get("RELAX_TUNE_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "relax_tune")
 
 
 def same_path(a: str, b: str) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 import tvm
 
-from ...paths import cache_root
+from ...machine_cache import cache_root
 from ...utils import load_ir_json
 
 logger = logging.getLogger(__name__)
