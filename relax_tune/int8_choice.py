@@ -14,8 +14,8 @@ Zen 1), timed in interleaved rounds. The integer path is taken where it is at le
 ``MIN_SPEEDUP`` times faster: beside the kernels, the float path has Winograd's
 convolutions and no requantisation.
 
-The answer is kept in ``$RELAX_TUNE_CACHE_DIR/machine/`` (``machine_cache.cache_root``), one file
-per target, CPU and TVM version. A target this machine cannot run (another ``mcpu`` or
+The answer is kept in ``$RELAX_TUNE_CACHE_DIR/machine/`` (``machine_cache.cache_root``),
+one file per target, CPU and TVM version. A target this machine cannot run (another ``mcpu`` or
 triple) is not measured: it takes the integer path, as before the probe. A probe that fails
 keeps the integer path too, and is tried again next time.
 """

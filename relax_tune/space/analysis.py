@@ -330,12 +330,8 @@ def _linear_coef(expr: Any, var: Any) -> int | None:
     return _const_int(res[0])
 
 
+# loop_strides' block-var coefficients of access indices, by block (kept by loop transforms)
 _INDEX_COEFS: dict[int, list] = {}
-"""``loop_strides``' coefficients of each block var in each index of a block's accesses, by
-the block's iter vars and accesses (free variables mapped): loop transformations keep a
-block's own indices, so every replay of a task's sketches would derive them again, about
-half of ``loop_strides``' time."""
-_INDEX_COEFS_KEPT = 4096
 
 
 def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[list[int | None]] | None:
@@ -364,16 +360,14 @@ def loop_strides(sch: Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[li
         # (space.cpu.group_axis)
         return _linear_coef(within_iters().simplify(index), bvar)
     accesses = list(blk.reads) + list(blk.writes)
-    # coefficient of every block var in every index of every access (loop-independent)
     key = tvm_ffi.structural_hash(tvm.runtime.convert([blk.iter_vars, blk.reads, blk.writes]),
                                   map_free_vars=True)
-    idx_coefs = _INDEX_COEFS.get(key)
-    if idx_coefs is None:
-        idx_coefs = [[[index_coef(rng.min, bvar) for bvar, _ in bindings]
-                      for rng in access.region] for access in accesses]
-        if len(_INDEX_COEFS) >= _INDEX_COEFS_KEPT:
+    if key not in _INDEX_COEFS:
+        if len(_INDEX_COEFS) >= 4096:
             _INDEX_COEFS.clear()
-        _INDEX_COEFS[key] = idx_coefs
+        _INDEX_COEFS[key] = [[[index_coef(rng.min, bvar) for bvar, _ in bindings]
+                              for rng in access.region] for access in accesses]
+    idx_coefs = _INDEX_COEFS[key]
     out: list[list[int | None]] = []
     for access, idx_coef in zip(accesses, idx_coefs):
         shape = _buffer_shape(access.source)
