@@ -117,13 +117,9 @@ def integer_kernels_pay(target: tvm.target.Target) -> bool:
     if not runs_here(target):
         return True
     path = cache_path(target)
-    try:
-        with open(path, encoding="utf-8") as f:
-            return bool(json.load(f)["integer"])
-    except FileNotFoundError:
-        pass
-    except Exception as err:  # noqa: BLE001 - a damaged answer is measured again
-        logger.debug("int8 probe answer %s unreadable (%s): measuring again", path, err)
+    known = _read(path)
+    if known is not None:
+        return known["integer"]
     logger.info("int8: measuring once whether integer kernels pay on this CPU (kept in %s)",
                 path)
     try:
@@ -143,6 +139,37 @@ def integer_kernels_pay(target: tvm.target.Target) -> bool:
                 "keep float arithmetic (int8=True forces integer kernels)")
     _write(path, answer)
     return answer["integer"]
+
+
+def describe(mod: tvm.IRModule, target: tvm.target.Target) -> str | None:
+    """One line on how ``int8="auto"`` computes the quantized ``mod`` for ``target`` (after
+    ``resolve_int8``); None for a module without quantize/dequantize."""
+    if target.kind.name != "llvm" or not _quantized(mod):
+        return None
+    if not runs_here(target):
+        return "int8: integer kernels (a target of another CPU: not measured here)"
+    path = cache_path(target)
+    known = _read(path)
+    if known is None:
+        return "int8: integer kernels (no measurement of this CPU)"
+    how = "integer kernels" if known["integer"] else \
+        "float arithmetic around the quantize / dequantize pairs"
+    return (f"int8: {how}: the int8 matmul ran {known['speedup']:.2f}x float32 on this CPU "
+            f"(integers from {MIN_SPEEDUP}x; measured once, kept in {path})")
+
+
+def _read(path: str) -> dict | None:
+    """The probe's answer kept in ``path``; None when there is none or it is damaged."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            known = json.load(f)
+        known["integer"] = bool(known["integer"])
+        return known
+    except FileNotFoundError:
+        return None
+    except Exception as err:  # noqa: BLE001 - a damaged answer is measured again
+        logger.debug("int8 probe answer %s unreadable (%s): measuring again", path, err)
+        return None
 
 
 def probe(target: tvm.target.Target) -> tuple[float, float]:

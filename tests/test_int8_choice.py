@@ -14,7 +14,7 @@ from tvm import relax
 
 import relax_tune as rt
 from relax_tune import int8_choice
-from relax_tune.int8_choice import MIN_SPEEDUP, integer_kernels_pay, resolve_int8
+from relax_tune.int8_choice import MIN_SPEEDUP, describe, integer_kernels_pay, resolve_int8
 from relax_tune.model_loader import load_model
 
 try:
@@ -103,6 +103,20 @@ def test_float_models_and_other_cpus_are_not_measured(monkeypatch, tmp_path):
     assert integer_kernels_pay(tvm.target.Target({"kind": "llvm", "mcpu": other})) is True
     assert resolve_int8(False, _float_module(), host) is False
     assert not os.listdir(tmp_path)
+
+
+@needs_ort
+def test_the_choice_is_described_in_one_line(probed, monkeypatch, tmp_path):
+    cache, answer = probed
+    monkeypatch.setenv("RELAX_TUNE_CACHE_DIR", cache)
+    _, qdq_path = save_quantized(cnn_model(), str(tmp_path), "cnn")
+    mod, host = load_model(qdq_path).mod, rt.host_target()
+    line = describe(mod, host)
+    assert line.startswith("int8: integer kernels" if answer["integer"] else
+                           "int8: float arithmetic") and f"{answer['speedup']:.2f}x" in line
+    assert describe(_float_module(), host) is None
+    other = "znver3" if str(host.attrs.get("mcpu")) != "znver3" else "znver1"
+    assert "not measured" in describe(mod, tvm.target.Target({"kind": "llvm", "mcpu": other}))
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])

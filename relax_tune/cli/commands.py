@@ -92,6 +92,15 @@ def _task_table(reports: list) -> str:
     return format_tuning_table(reports)
 
 
+def _say_int8(mod, target) -> None:
+    """How a quantized model's convolutions and matmuls are computed (``int8="auto"``)."""
+    from ..int8_choice import describe
+
+    line = describe(mod, target)
+    if line:
+        print(f"relax-tune: {line}", flush=True)
+
+
 def _tune(args: argparse.Namespace) -> int:
     from ..tuning.extract import extract_tasks
     from ..model_loader import load_model, parse_shape_dict
@@ -104,6 +113,7 @@ def _tune(args: argparse.Namespace) -> int:
     model = load_model(args.model, parse_shape_dict(args.input_shape))
     tasks = extract_tasks(model.lowered(target), target, op_names=config.op_names,
                           shape_hints=config.shape_hints)
+    _say_int8(model.mod, target)
     if not tasks:
         print("relax-tune: nothing to tune (no TIR function in the model)")
         return 0
@@ -159,6 +169,7 @@ def _compile(args: argparse.Namespace) -> int:
     model = load_model(args.model, parse_shape_dict(args.input_shape))
     hints = _dynamic_hints(args)
     lowered = model.lowered(target)
+    _say_int8(model.mod, target)
     tasks = extract_tasks(lowered, target, shape_hints=hints)
     if args.predict:  # the no-measurement compile: the model's first choices, nothing timed
         from ..tuning.tune import tune_tasks
