@@ -21,6 +21,8 @@ from collections.abc import Callable
 import numpy as np
 import tvm
 
+from relax_tune.measure.prepack import packed_kernel
+
 
 def numpy_timer(fn: Callable[[], object], calls: int = 5) -> Callable[[], float]:
     """A timer for a Python callable: median wall time of ``calls`` calls (after one warm-up
@@ -52,19 +54,6 @@ def kernel_timer(lib: tvm.runtime.Module, args: list, min_secs: float = 0.05,
     number = max(1, int(min_secs / repeat / max(once_secs, 1e-6)))
     evaluator = lib.time_evaluator("main", dev, number=number, repeat=repeat)
     return lambda: float(min(evaluator(*args).results))
-
-
-def packed_kernel(scheduled: tvm.IRModule, target, args: list) -> tuple[tvm.runtime.Module, list]:
-    """``(lib, args for lib["main"])`` of a scheduled workload, built as the tuner's runner
-    builds it: a schedule that packs a weight (layout rewrite) is split, the weight packed
-    once here, and only the kernel is left to time (as in a model, where the packing runs at
-    compile time). ``args`` (``main``'s, outputs last) are not changed."""
-    from relax_tune.measure.prepack import packed_args
-    from relax_tune.space.cpu.layout_rewrite import measurable_module
-
-    measured, plan = measurable_module(scheduled["main"])
-    lib = tvm.compile(measured, target).mod
-    return lib, packed_args(lib, args, plan, tvm.cpu())
 
 
 def trace_timer(mod: tvm.IRModule, trace: list, target, args: list, min_secs: float = 0.05,

@@ -187,8 +187,7 @@ def probe(target: tvm.target.Target) -> tuple[float, float]:
 def _timer(mod: tvm.IRModule, target: tvm.target.Target):
     """A timer of ``mod`` with the schedule the pre-trained model ranks first (nothing
     measured), its packed weight packed once."""
-    from .measure.prepack import packed_args
-    from .space.cpu.layout_rewrite import measurable_module
+    from .measure.prepack import packed_kernel
     from .testing.int8_kernels import kernel_args
     from .tuning import tune_tir
     from .work_dir import WorkDir
@@ -202,13 +201,9 @@ def _timer(mod: tvm.IRModule, target: tvm.target.Target):
             sch = WorkDir.of(work_dir).open_predicted().query_schedule(mod, target)
     finally:
         tuning_log.setLevel(level)
-    scheduled = mod if sch is None else sch.mod
-    measured, plan = measurable_module(scheduled["main"])
-    lib = tvm.compile(measured, target).mod
-    dev = tvm.cpu()
-    args = packed_args(lib, kernel_args(mod), plan, dev)
+    lib, args = packed_kernel(mod if sch is None else sch.mod, target, kernel_args(mod))
     lib["main"](*args)
-    evaluator = lib.time_evaluator("main", dev, number=10, repeat=1)
+    evaluator = lib.time_evaluator("main", tvm.cpu(), number=10, repeat=1)
     return lambda: float(evaluator(*args).mean)
 
 

@@ -59,3 +59,17 @@ def packed_args(module: Any, args: list, plan: dict | None, dev: Any) -> list:
     for i, tensor in zip(plan["args"], packed):
         out[i] = tensor
     return out
+
+
+def packed_kernel(scheduled: Any, target: Any, args: list) -> tuple[Any, list]:
+    """``(lib, args for lib["main"])`` of a scheduled workload, built as the tuner's builder
+    builds it: a schedule that packs a weight (layout rewrite) is split, the weight packed
+    once here, and only the kernel is left to time (as in a model, where the packing runs at
+    compile time). ``args`` (``main``'s, outputs last) are not changed."""
+    import tvm
+
+    from ..space.cpu.layout_rewrite import measurable_module
+
+    measured, plan = measurable_module(scheduled["main"])
+    lib = tvm.compile(measured, target).mod
+    return lib, packed_args(lib, args, plan, tvm.cpu())

@@ -198,8 +198,8 @@ class RewriteParallelVectorizeUnroll(Postproc):
             return loops
         # only the loops the vector loop can take are analysed (a loop's strides do not
         # depend on the loops outside it): a tiled nest's other loops cost as much again
-        fusible = A.vectorizable_suffix(sch, block, loops[-max(1, reach):],
-                                        [i.extent for i in infos[-max(1, reach):]])
+        n = max(1, reach)
+        fusible = A.vectorizable_suffix(sch, block, loops[-n:], [i.extent for i in infos[-n:]])
         if too_big and fusible:
             return self._split_vectorize(sch, block, loops, infos[-1].extent, max_extent, lanes)
         chosen = list(range(len(loops) - min(reach, fusible), len(loops)))
