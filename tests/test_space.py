@@ -482,6 +482,30 @@ def test_random_compute_location_moves_the_pad_block(target):
     assert len(locations) >= 2
 
 
+def test_a_tiled_blocks_pad_is_never_left_at_the_root(target):
+    """``PadInsideTiles``: draws that leave the convolution's pad in a pass of its own at the
+    root (the check finds them among the draws before postprocessing) are rejected and
+    redrawn; the candidates that remain compute the pad inside the convolution's loops,
+    and compute what the convolution computes."""
+    from relax_tune.space.compute_location import root_pads_of_tiled_blocks
+
+    mod, ref = conv2d_nchw()
+    space = space_for_target(target)
+    sketches = [without_decisions(s) for s in generate_design_space(mod, target)]
+    raw = [space.replay(mod, sketches[i % len(sketches)], seed=i + 1, postprocs=False,
+                        check=False).sch for i in range(40)]
+    assert sum(bool(sch is not None and root_pads_of_tiled_blocks(sch.mod["main"]))
+               for sch in raw) >= 2
+    outs = [space.replay(mod, sketches[i % len(sketches)], seed=i + 1) for i in range(40)]
+    assert any("PadInsideTiles" in str(o.error) for o in outs)
+    valid = [o.sch for o in outs if o.ok]
+    assert len(valid) >= 5
+    assert not any(root_pads_of_tiled_blocks(sch.mod["main"]) for sch in valid)
+    ins, out_spec = random_inputs(mod)
+    np.testing.assert_allclose(run(valid[0].mod, target, ins, out_spec), ref(*ins),
+                               rtol=1e-4, atol=1e-3)
+
+
 def test_softmax_sketches_always_replay(target):
     """rfactor and compute-location sketches of softmax: fresh decisions never break a replay."""
     mod, _ = softmax()

@@ -1,17 +1,22 @@
 """Random compute location: blocks that no other rule placed get a sampled loop of their
-consumer to be computed at (``sample_compute_location`` + ``compute_at``)."""
+consumer to be computed at (``sample_compute_location`` + ``compute_at``); a tiled block's
+padding is not left in a pass of its own (``PadInsideTiles``)."""
 
 from __future__ import annotations
 
 import logging
 
-from tvm.s_tir import Schedule
+import tvm_ffi
+from tvm import tirx
+from tvm.s_tir import SBlock, SBlockRealize, Schedule
 from tvm.s_tir.schedule import SBlockRV
 from tvm.s_tir.schedule.analysis import is_output_block
 
 from . import analysis as A
 from .params import ANN_TILED
-from .rule import ScheduleRule
+from .rule import Postproc, ScheduleRule
+
+_HAS_IF_THEN_ELSE = tvm_ffi.get_global_func("s_tir.schedule.HasIfThenElse")
 
 logger = logging.getLogger("relax_tune.space")
 
@@ -57,3 +62,66 @@ class RandomComputeLocation(ScheduleRule):
             logger.debug("no random compute location for %s: %s", sch.get(block).name_hint, err)
             return [sch]
         return [trial]
+
+
+class PadInsideTiles(Postproc):
+    """Reject a candidate whose sampled compute location left a tiled block's padding in a
+    pass of its own at the root: a loop nest that copies the whole input into a padded
+    buffer, which the tiled block then reads back. Timed alone the two passes cost what the
+    pad computed inside the block's tiles costs (its input stays in cache between them); in
+    a model, the input comes from the layer before, and the extra pass over it is paid in
+    full. MobileNetV2's 56x56x144 depthwise convolution, timed right after the 1x1
+    convolution that produces its input: 400 us with its pad at the root, 327 us with the
+    pad computed at its parallel loop, alone 324 and 318 us (AMD EPYC Zen 1, 2 threads,
+    docs/results/zen1-epyc.md, session 36). Only where the sketch sampled the location
+    (``RandomComputeLocation``): a pad a rule placed at the root on purpose stays."""
+
+    name = "pad_inside_tiles"
+
+    def apply(self, sch: Schedule) -> bool:
+        """False for a candidate with a tiled block's pad at the root (see the class)."""
+        return self.precheck(sch)
+
+    def precheck(self, sch: Schedule) -> bool:
+        """The same check on the replayed sketch: the location is sampled before it."""
+        if not any(inst.kind.name == "SampleComputeLocation" for inst in sch.trace.insts):
+            return True
+        return not root_pads_of_tiled_blocks(sch.mod[A.func_name_of(sch)])
+
+
+def root_pads_of_tiled_blocks(func: tirx.PrimFunc) -> list[str]:
+    """Names of the blocks of ``func`` that pad (a spatial block with an if-then-else, alone
+    in a loop nest directly under the root block) the input of a tiled block (``ANN_TILED``)
+    that lies in another loop nest. Reads the IR only (schedule queries would be traced)."""
+    root = func.body.block if isinstance(func.body, SBlockRealize) else None
+    if root is None:
+        return []
+    body = root.body
+    nests = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    blocks_of = [_blocks_in(nest) for nest in nests]
+    pads = {}
+    for i, blocks in enumerate(blocks_of):
+        if len(blocks) == 1 and _pads(blocks[0]):
+            pads[blocks[0].writes[0].source] = (i, blocks[0].name_hint)
+    found = []
+    for i, blocks in enumerate(blocks_of):
+        for blk in blocks:
+            if ANN_TILED not in blk.annotations:
+                continue
+            for read in blk.reads:
+                where = pads.get(read.source)
+                if where is not None and where[0] != i:
+                    found.append(where[1])
+    return found
+
+
+def _blocks_in(stmt) -> list:
+    found: list = []
+    tvm_ffi.structural_walk(stmt, [(SBlock, found.append)])
+    return found
+
+
+def _pads(blk) -> bool:
+    """Whether ``blk`` copies a tensor with a condition: spatial, one write, a branch."""
+    return (len(blk.writes) == 1 and all(int(iv.iter_type) == A.DATA_PAR for iv in blk.iter_vars)
+            and bool(_HAS_IF_THEN_ELSE(blk)))

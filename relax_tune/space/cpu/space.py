@@ -16,7 +16,7 @@ from .attention import FusedAttention
 from .int8_dot import Int8DotProduct
 from .amx_intrin import has_amx
 from .int8_intrin import int8_dot_intrinsic
-from ..compute_location import RandomComputeLocation
+from ..compute_location import PadInsideTiles, RandomComputeLocation
 from .rfactor import AddRFactor
 from .group_axis import SplitGroupAxis
 from ..rule import FunctionRule, Postproc, ScheduleRule
@@ -49,12 +49,13 @@ def cpu_function_rules(params: TargetParams,
 
 
 def cpu_postprocs(params: TargetParams) -> list[Postproc]:
-    """The CPU postprocessors, in order: loop kinds and unroll pragmas first, then the
+    """The CPU postprocessors, in order: a tiled block's padding left at the root is
+    rejected (``PadInsideTiles``), then loop kinds and unroll pragmas, then the
     reduction inits are decomposed out of the reduction loops, then register tiles that
     cannot fit the target's SIMD registers are rejected, and last the layout-free weights
     (``layout_free_buffers``) are packed in the order the final loop nest reads them (once,
     at compile time), then the inputs a sketch chose to pack (in every call)."""
-    return [RewriteParallelVectorizeUnroll(params), RewriteReductionBlock(),
+    return [PadInsideTiles(), RewriteParallelVectorizeUnroll(params), RewriteReductionBlock(),
             LimitRegisterTile(params), RewriteLayout(), PackOperands(params)]
 
 
