@@ -506,6 +506,30 @@ def test_a_tiled_blocks_pad_is_never_left_at_the_root(target):
                                rtol=1e-4, atol=1e-3)
 
 
+def test_a_pad_placed_at_the_root_on_purpose_stays(target):
+    """``PadInsideTiles`` judges only pads whose location the trace samples: a tiled block's
+    pad left at the root while another block's location is sampled (as a padded sketch's
+    zero-padded copies are) is accepted; sampled and left at the root, it is not."""
+    from relax_tune.space.compute_location import PadInsideTiles
+    from relax_tune.space.params import ANN_TILED
+
+    mod, _ = conv2d_nchw()
+
+    def placed(sampled: str) -> Schedule:
+        sch = Schedule(mod)
+        conv = sch.get_sblock("conv2d_nchw")
+        sch.annotate(conv, ANN_TILED, 1)
+        block = sch.cache_read(conv, 1, "global") if sampled == "copy" else \
+            sch.get_sblock("pad_temp")
+        sch.compute_at(block, sch.sample_compute_location(block, decision=-1),
+                       preserve_unit_loops=True)  # -1: the root
+        return sch
+
+    check = PadInsideTiles()
+    assert check.precheck(placed("copy"))
+    assert not check.precheck(placed("pad"))
+
+
 def test_softmax_sketches_always_replay(target):
     """rfactor and compute-location sketches of softmax: fresh decisions never break a replay."""
     mod, _ = softmax()
