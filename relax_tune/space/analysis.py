@@ -24,7 +24,7 @@ _ffi = tvm_ffi.get_global_func
 _IS_REDUCTION_BLOCK = _ffi("s_tir.schedule.IsReductionBlock")
 _GET_LOOP_ITER_TYPE = _ffi("s_tir.schedule.GetLoopIterType")
 _IS_TRIVIAL_BINDING = _ffi("s_tir.schedule.IsTrivialBinding")
-_HAS_IF_THEN_ELSE = _ffi("s_tir.schedule.HasIfThenElse")
+stmt_has_if_then_else = _ffi("s_tir.schedule.HasIfThenElse")  # (a block, a statement)
 _GET_SBLOCK_REALIZE = _ffi("s_tir.schedule.GetSBlockRealize")
 _IS_SPATIAL_PRIM_FUNC = _ffi("s_tir.schedule.IsSpatialPrimFunc")
 
@@ -191,7 +191,7 @@ def has_if_then_else(sch: Schedule, block: SBlockRV) -> bool:
         realize = _GET_SBLOCK_REALIZE(sch, block)
         if not _is_true(realize.predicate):
             return True
-        return bool(_HAS_IF_THEN_ELSE(node(sch, block)))
+        return bool(stmt_has_if_then_else(node(sch, block)))
     except Exception:
         return True
 

@@ -16,7 +16,6 @@ from . import analysis as A
 from .params import ANN_TILED
 from .rule import Postproc, ScheduleRule
 
-_HAS_IF_THEN_ELSE = tvm_ffi.get_global_func("s_tir.schedule.HasIfThenElse")
 
 logger = logging.getLogger("relax_tune.space")
 
@@ -79,11 +78,9 @@ class PadInsideTiles(Postproc):
     name = "pad_inside_tiles"
 
     def apply(self, sch: Schedule) -> bool:
-        """False for a candidate with a tiled block's pad at the root (see the class)."""
-        return self.precheck(sch)
-
-    def precheck(self, sch: Schedule) -> bool:
-        """The same check on the replayed sketch: the location is sampled before it."""
+        """False for a candidate with a tiled block's pad at the root (see the class). No
+        ``precheck`` of its own: as the first CPU postprocessor it runs before the expensive
+        ones anyway, and a precheck would do the same walk twice a replay."""
         pads = root_pads_of_tiled_blocks(sch.mod[A.func_name_of(sch)])
         # the IR first: reading the trace costs more, and most candidates have no such pad
         return not pads or not set(pads) & _sampled_blocks(sch)
@@ -137,4 +134,4 @@ def _blocks_in(stmt) -> list:
 def _pads(blk) -> bool:
     """Whether ``blk`` copies a tensor with a condition: spatial, one write, a branch."""
     return (len(blk.writes) == 1 and all(int(iv.iter_type) == A.DATA_PAR for iv in blk.iter_vars)
-            and bool(_HAS_IF_THEN_ELSE(blk)))
+            and bool(A.stmt_has_if_then_else(blk)))
