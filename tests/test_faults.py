@@ -374,6 +374,21 @@ def test_pool_shutdown_survives_a_worker_killed_while_starting():
     worker._proc = None  # else the worker's own __del__ trips on the missing pipe
 
 
+def test_pool_shutdown_does_not_wait_for_the_jobs_in_flight(tmp_path):
+    """TVM's PopenWorker.kill closes the pipe a thread is blocked reading before it kills
+    the process, so a shutdown waited for the jobs in flight to finish (4.5 s of 5 s jobs):
+    a session's time limit was lengthened by the builds and choices it left running."""
+    builder = LocalBuilder(max_workers=2, artifact_dir=str(tmp_path / "a"))
+    pool = builder.pool
+    assert {pool.submit(os.getpid).result(timeout=60) for _ in range(4)}
+    jobs = [pool.submit(time.sleep, 30) for _ in range(3)]
+    time.sleep(0.5)  # two in the workers, one queued
+    start = time.monotonic()
+    builder.shutdown()
+    assert time.monotonic() - start < 10
+    assert all(job.done() for job in jobs)
+
+
 def test_builder_started_and_stopped_at_once_leaves_no_worker(tmp_path):
     """A tuning call with nothing to measure starts its workers and stops them right away."""
     builder = LocalBuilder(max_workers=1, artifact_dir=str(tmp_path / "a"))

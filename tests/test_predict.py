@@ -122,7 +122,8 @@ def test_max_time_holds_with_slow_baselines_and_says_what_it_left(tmp_path, targ
                                                                   own_workers):
     """Sixteen tasks whose untuned functions take a tenth of a second or more, full-size
     pools: the session ends within max_time plus one batch, and the log says which tasks
-    the limit left unmeasured and what they keep."""
+    the limit left unmeasured and what they keep (on a slow CPU the limit also cuts the
+    no-measurement choices short: a Zen 1 chose 6-11 of the 16 in the 8 s)."""
     tasks = []
     # Sixteen: 8 s measured four of them on a Zen 4 (2 threads); ten left too little margin
     # for a faster CPU.
@@ -137,9 +138,11 @@ def test_max_time_holds_with_slow_baselines_and_says_what_it_left(tmp_path, targ
     assert elapsed < limit + batch, elapsed
     untried = [r for r in reports if r.trials == 0]
     assert untried, "the limit should leave some task unmeasured"
-    assert all(r.predicted for r in untried)
+    assert any(r.predicted for r in untried)
     assert "reached before any candidate of" in caplog.text
     assert "keep their predicted schedules" in caplog.text
+    if not all(r.predicted for r in untried):  # a slow CPU: the limit cut the choices short
+        assert "keep their untuned code" in caplog.text
 
 
 def test_measure_false_needs_a_work_dir(target):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from ..search import EvolutionarySearch
@@ -142,12 +143,18 @@ class WorkerChoices:
                 break
             taken = i
             yield from choose_here([remote[i]], None)
-        for st, future in zip(remote[:taken], futures[:taken]):
+        for k, (st, future) in enumerate(zip(remote[:taken], futures[:taken])):
             late = deadline is not None and time.monotonic() >= deadline
-            if late and future.cancel():
+            if late:  # all at once: the workers would go on taking the queued ones
+                for queued in futures[k:taken]:
+                    queued.cancel()
+            if future.cancelled():
                 continue
-            try:
-                trace_json, replays, error = future.result()
+            try:  # a choice still running at the deadline is dropped: the limit holds
+                trace_json, replays, error = future.result(
+                    None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                continue
             except Exception as err:  # noqa: BLE001 - a worker lost: chosen here
                 trace_json, replays, error = None, 0, error_line(err)
             if error is None:
