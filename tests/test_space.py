@@ -13,7 +13,7 @@ from tvm.script import tirx as T
 from relax_tune.search import ReplaySearch
 from relax_tune.space import (check_schedule, empty_trace, generate_design_space,
                               space_for_target, target_params, without_decisions)
-from relax_tune.utils import normalize_mod, schedule_from_json
+from relax_tune.utils import UncheckedSchedule, normalize_mod, schedule_from_json
 
 # ---------------------------------------------------------------------------------------
 # Workloads (small shapes) and their numpy references
@@ -599,3 +599,26 @@ def test_a_postprocessor_that_raises_drops_the_candidate_and_says_so_once(target
         results = [space.replay(mod, without_decisions(sketch), seed=s) for s in (1, 2, 3)]
     assert all(r.sch is None and "Broken() failed" in r.error for r in results)
     assert sum("a bug in a postprocessor" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_unchecked_schedule_replays_as_tvms_does(target):
+    """``UncheckedSchedule`` (the replays' schedule, without TVM's per-call argument type
+    checks) gives the same programs and traces as TVM's ``Schedule``."""
+    from relax_tune.testing.workloads import matmul_mod
+
+    assert not hasattr(UncheckedSchedule.split, "__wrapped__")
+    assert hasattr(Schedule.split, "__wrapped__")  # else TVM changed and this is moot
+    mod = matmul_mod(64)
+    space = space_for_target(target)
+    valid = 0
+    for sketch in space.generate_design_space(mod):
+        for seed in (1, 2, 3):
+            fast = space.replay(mod, sketch, seed=seed)
+            if fast.sch is None:
+                continue
+            assert isinstance(fast.sch, UncheckedSchedule)
+            valid += 1
+            checked = Schedule(mod, error_render_level="none")
+            fast.sch.trace.apply_to_schedule(checked, remove_postproc=False)
+            tvm.ir.assert_structural_equal(checked.mod, fast.sch.mod)
+    assert valid

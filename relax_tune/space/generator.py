@@ -11,7 +11,7 @@ import tvm
 from tvm import tirx
 from tvm.s_tir import Schedule, Trace
 
-from ..utils import error_line
+from ..utils import UncheckedSchedule, error_line
 from . import analysis as A
 from .params import TargetParams, target_params
 from .rule import FunctionRule, Postproc, ScheduleRule
@@ -76,8 +76,8 @@ def _main_name(mod: tvm.IRModule) -> str | None:
 
 def _new_schedule(mod: tvm.IRModule, seed: int | None) -> Schedule:
     if seed:  # TVM's seeds start at 1: 0 or None is a random one
-        return Schedule(mod, seed=int(seed), error_render_level="none")
-    return Schedule(mod, error_render_level="none")
+        return UncheckedSchedule(mod, seed=int(seed), error_render_level="none")
+    return UncheckedSchedule(mod, error_render_level="none")
 
 
 @dataclass
