@@ -43,7 +43,8 @@ def parse_target(target: Any = None) -> tvm.target.Target:
         current = tvm.target.Target.current(allow_none=True)
         if current is None:
             raise RelaxTuneError(
-                "no target given: pass target=... (e.g. {'kind': 'llvm', 'num-cores': 2} or relax_tune.host_target()) "
+                "no target given: pass target=... (e.g. {'kind': 'llvm', 'num-cores': 2} or "
+                "relax_tune.host_target()) "
                 "or call inside `with tvm.target.Target(...):`"
             )
         return current

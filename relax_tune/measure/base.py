@@ -203,7 +203,10 @@ def _kill_processes(pool: Any) -> None:
         if proc is None:
             continue
         try:
-            kill_child_processes(proc.pid)
+            kill_child_processes(proc.pid)  # needs psutil
+        except Exception:  # noqa: BLE001 - pool.shutdown tries again
+            pass
+        try:
             proc.kill()
         except Exception:  # noqa: BLE001 - pool.shutdown kills it then
             pass

@@ -33,7 +33,8 @@ from tvm.s_tir import Schedule, Trace
 from ..cost_model.features import extract_features
 from ..measure._worker import cached_target, cached_workload, script_digest
 from ..space import space_for_target, without_decisions
-from ..utils import UncheckedSchedule, apply_trace_json, error_line, structural_hash, to_plain, trace_to_json
+from ..utils import (UncheckedSchedule, apply_trace_json, error_line, structural_hash, to_plain,
+                     trace_to_json)
 from ..database.records import candidate_key
 
 logger = logging.getLogger("relax_tune.search")
