@@ -1,6 +1,7 @@
 """The no-measurement compile (measure=False) and a time limit that holds."""
 
 import logging
+import re
 import os
 import time
 import types
@@ -143,6 +144,20 @@ def test_max_time_holds_with_slow_baselines_and_says_what_it_left(tmp_path, targ
     assert "keep their predicted schedules" in caplog.text
     if not all(r.predicted for r in untried):  # a slow CPU: the limit cut the choices short
         assert "keep their untuned code" in caplog.text
+
+
+def test_a_time_budget_counts_seconds_in_its_progress(tmp_path, target, caplog):
+    """Under ``max_time`` alone the progress lines count the limit's seconds, not the 10**9
+    trials that stand for "no trial limit", and the no-measurement choices made before the
+    first batch are reported, from the first to the last."""
+    tasks = rt.extract_tasks(matmul_mod(64), target)
+    with caplog.at_level(logging.INFO, logger="relax_tune"):
+        rt.tune_tasks(tasks, str(tmp_path), max_time=6, num_trials_per_iter=2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "relax_tune.tuning.progress"]
+    assert lines[0].startswith("[predicted 0/1 tasks"), lines[:2]
+    assert any(line.startswith("[predicted 1/1 tasks") for line in lines)
+    assert any(re.match(r"\[\d+ trials, \d+/6 s\] main: ", line) for line in lines), lines
+    assert str(10**9) not in caplog.text
 
 
 def test_measure_false_needs_a_work_dir(target):

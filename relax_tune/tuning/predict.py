@@ -481,18 +481,24 @@ def choose_here(order: list[TaskState], deadline: float | None):
 
 
 def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
-                      deadline: float | None = None, choices=choose_here) -> int:
+                      deadline: float | None = None, choices=choose_here,
+                      on_choice=None) -> int:
     """Record each task's top-ranked candidate (a task that tiles for reuse and has no
     measured candidate yet) in ``predicted``, the heaviest tasks first, until ``deadline``
     (time.monotonic). ``choices(order, deadline)`` chooses them (``choose_here``, or
-    ``predict_pool.WorkerChoices``: in a session's workers too). Returns how many were
+    ``predict_pool.WorkerChoices``: in a session's workers too); ``on_choice(done, total)``
+    hears of each (``Progress.predicted``), and of the start. Returns how many were
     recorded (their reports say ``predicted``)."""
     count = 0
     order = [st for st in sorted(states, key=lambda st: -st.task.weight * st.task.flops)
              if wants_prediction(st)]
     done = 0
+    if on_choice is not None and order:
+        on_choice(0, len(order))
     for st, trace_json, replays, error in choices(order, deadline):
         done += 1
+        if on_choice is not None:
+            on_choice(done, len(order))
         if error is not None:
             logger.warning("%s: no predicted schedule (%s)", st.report.task_name, error)
             continue

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..config import UNLIMITED_TRIALS
 from .timeline import Timeline
 
 if TYPE_CHECKING:
@@ -63,19 +64,60 @@ class Progress:
     task state is appended there (``timeline.Timeline``).
     """
 
+    PREDICT_LOG_SECS = 5.0
+    """A line about the no-measurement choices at most this often (and at the first and the
+    last)."""
+
     def __init__(self, total: int, log_file: str | None = None,
-                 enable_bar: bool | None = None, timeline_file: str | None = None):
+                 enable_bar: bool | None = None, timeline_file: str | None = None,
+                 max_time: float | None = None):
         self.total = total
+        self.max_time = max_time if max_time is not None and total >= UNLIMITED_TRIALS \
+            else None
+        """The session's time limit where it, not a trial count, is the budget (``max_time``
+        alone): the bar and the log lines count its seconds instead of the trials."""
         self._timeline = Timeline(timeline_file) if timeline_file else None
         self.done = 0
         self.start = time.perf_counter()
+        self._predict_logged: float | None = None
         self._handler = self._open_log(log_file) if log_file else None
         tty = sys.stderr.isatty() if enable_bar is None else enable_bar
         self._bar = None
         if tty and total > 0:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, unit="trial", dynamic_ncols=True, file=sys.stderr)
+            if self.max_time is None:
+                self._bar = tqdm(total=total, unit="trial", dynamic_ncols=True,
+                                 file=sys.stderr)
+            else:
+                self._bar = tqdm(total=round(self.max_time), unit="s", dynamic_ncols=True,
+                                 file=sys.stderr, bar_format="{l_bar}{bar}| {n:.0f}/{total} s"
+                                 "{postfix}")
+
+    def _budget(self, elapsed: float) -> str:
+        """Trials and seconds so far, against the budget (trials, or ``max_time``)."""
+        if self.max_time is None:
+            return f"{self.done}/{self.total} trials, {elapsed:.0f} s"
+        return f"{self.done} trials, {elapsed:.0f}/{self.max_time:.0f} s"
+
+    def _tick(self, elapsed: float) -> None:
+        """The time bar at ``elapsed`` seconds (a bar of seconds only)."""
+        if self._bar is not None and self.max_time is not None:
+            self._bar.update(max(0.0, min(elapsed, self._bar.total) - self._bar.n))
+
+    def predicted(self, done: int, total: int) -> None:
+        """``done`` of ``total`` tasks have their no-measurement choice (what each keeps until
+        it is measured, and for good where a time limit leaves it unmeasured)."""
+        now = time.perf_counter()
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"predicting {done}/{total}", refresh=False)
+            self._tick(now - self.start)
+        if 0 < done < total and self._predict_logged is not None \
+                and now - self._predict_logged < self.PREDICT_LOG_SECS:
+            return
+        self._predict_logged = now
+        logger.info("[predicted %d/%d tasks, %.0f s] no-measurement choices: what a task "
+                    "runs until it is measured", done, total, now - self.start)
 
     @staticmethod
     def _open_log(log_file: str) -> logging.Handler | None:
@@ -97,6 +139,7 @@ class Progress:
         untuned = f"{report.baseline_secs * 1e6:.2f} us" if report.baseline_secs else "failed"
         if self._bar is not None:
             self._bar.set_postfix_str(f"baseline {index}/{count} {report.task_name[:24]}")
+            self._tick(elapsed)
         logger.info("[baseline %d/%d, %.0f s] %s: untuned %s", index, count, elapsed,
                     report.task_name, untuned)
 
@@ -106,11 +149,16 @@ class Progress:
         elapsed = time.perf_counter() - self.start
         best = f"{report.best_secs * 1e6:.2f} us" if report.best_secs else "-"
         if self._bar is not None:
-            self._bar.set_postfix_str(f"{report.task_name[:24]} best {best}", refresh=False)
-            self._bar.update(n)
-        logger.info("[%d/%d trials, %.0f s] %s: %d trials, best %s, %d failed",
-                    self.done, self.total, elapsed, report.task_name, report.trials, best,
-                    report.failures)
+            if self.max_time is None:
+                self._bar.set_postfix_str(f"{report.task_name[:24]} best {best}",
+                                          refresh=False)
+                self._bar.update(n)
+            else:
+                self._bar.set_postfix_str(f"{self.done} trials, {report.task_name[:24]} "
+                                          f"best {best}", refresh=False)
+                self._tick(elapsed)
+        logger.info("[%s] %s: %d trials, best %s, %d failed", self._budget(elapsed),
+                    report.task_name, report.trials, best, report.failures)
         if self._timeline is not None:
             self._timeline.point(report)
 

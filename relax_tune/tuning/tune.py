@@ -120,7 +120,7 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
     per_task = cfg.per_task_budget
     remaining = max(0, cfg.trial_budget - sum(st.report.trials for st in states))
     progress = Progress(remaining, wd.log_file if wd else None, enable_bar=cfg.progress_bar,
-                        timeline_file=wd.timeline_file if wd else None)
+                        timeline_file=wd.timeline_file if wd else None, max_time=cfg.max_time)
     deadline = search_deadline(hooks, start, cfg.max_time)
     if remaining > 0 and any(st.report.trials < per_task for st in states):
         measurer.start()  # worker start-up overlaps the first build
@@ -129,7 +129,8 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
             spec = worker_session(db, wd, cfg, builder)
             # the workers idle until the first batch: they choose whole tasks meanwhile
             predict_schedules(states, wd.open_predicted(create=True), deadline,
-                              WorkerChoices(replay_pool, spec, states) if spec else choose_here)
+                              WorkerChoices(replay_pool, spec, states) if spec else choose_here,
+                              progress.predicted)
         run_loop(states, db, measurer, cfg, make_scheduler(cfg.task_scheduler, cfg.seed),
                  hooks, progress, remaining, deadline)
         run_after_search(hooks, session, start, cfg.max_time)
@@ -204,7 +205,7 @@ def _predict_only(tasks: Sequence[Task], families: list[Family], wd: WorkDir | N
         deadline = None if cfg.max_time is None else start + cfg.max_time
         choices = WorkerChoices(_pool_of(builder), session, states) if session else None
         count = predict_schedules(states, wd.open_predicted(create=True), deadline,
-                                  choices or choose_here)
+                                  choices or choose_here, progress.predicted)
         for st in states:
             st.report.status = "predicted" if st.report.predicted else "untuned"
         logger.info("no-measurement compile: predicted schedules for %d of %d tasks in %.1f s "
