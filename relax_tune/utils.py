@@ -222,15 +222,27 @@ class UncheckedSchedule(Schedule):
     __slots__ = ()
 
 
-for _name, _method in list(vars(Schedule).items()):
-    if callable(_method) and hasattr(_method, "__wrapped__"):
-        setattr(UncheckedSchedule, _name, _method.__wrapped__)
+def _unwrap_type_checks() -> None:
+    for name, method in list(vars(Schedule).items()):
+        if callable(method) and hasattr(method, "__wrapped__"):
+            setattr(UncheckedSchedule, name, method.__wrapped__)
+
+
+_unwrap_type_checks()
+
+
+def replay_schedule(mod: tvm.IRModule, seed: int | None = None) -> Schedule:
+    """A fresh traced schedule of ``mod`` to replay candidates on: an ``UncheckedSchedule``
+    rendering no error text (fast), seeded with ``seed`` (TVM's seeds start at 1: 0 or None
+    is a random one)."""
+    if seed:
+        return UncheckedSchedule(mod, seed=int(seed), error_render_level="none")
+    return UncheckedSchedule(mod, error_render_level="none")
 
 
 def schedule_from_json(mod: tvm.IRModule, trace_json: list, seed: int | None = None) -> Schedule:
     """Replay a plain-JSON trace on a fresh traced schedule of ``mod``."""
-    sch = UncheckedSchedule(mod, seed=seed, error_render_level="none") if seed else \
-        UncheckedSchedule(mod, error_render_level="none")
+    sch = replay_schedule(mod, seed)
     apply_trace_json(trace_json, sch)
     return sch
 

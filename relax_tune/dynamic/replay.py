@@ -19,7 +19,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlock, Schedule
 
-from ..utils import UncheckedSchedule, apply_trace_json, trace_to_json
+from ..utils import UncheckedSchedule, apply_trace_json, replay_schedule, trace_to_json
 from .buckets import _dtype, symbolic_vars
 from .tiles import _identity, unswitch_partial_tiles
 
@@ -107,7 +107,7 @@ def replay_symbolic(mod: tvm.IRModule, trace_json: list,
     only asks whether a candidate replays; unswitching never fails)."""
     finish = _finish if full_tiles else (lambda func: func)
     sym, splits = _symbolic_trace(trace_json, {})
-    sch = UncheckedSchedule(mod, error_render_level="none")
+    sch = replay_schedule(mod)
     # Raises, e.g., for an rfactor of a reduction over n split by a factor that does not
     # divide n: TVM refuses to decompose its init (not quasi-affine), and rightly so, since
     # without the decomposition the rfactor slots past n would never be initialised.
@@ -117,7 +117,7 @@ def replay_symbolic(mod: tvm.IRModule, trace_json: list,
                if trace_json[0][int(i)][0] == "SamplePerfectTile"}
     variable = parallel_variable_factors(decided, parallel)
     if variable:
-        sch = UncheckedSchedule(mod, error_render_level="none")
+        sch = replay_schedule(mod)
         apply_trace_json(_symbolic_trace(trace_json, variable)[0], sch)
     trace = sch.trace
     if not symbolic:
@@ -146,7 +146,7 @@ def _probe(mod: tvm.IRModule, trace, splits: Mapping[int, int]
     # Loop identities are object handles: every loop seen is kept alive, so that no later
     # loop can be allocated at a handle already recorded.
     seen: list = []
-    probe = UncheckedSchedule(mod, error_render_level="none")
+    probe = replay_schedule(mod)
 
     def loops_now() -> list:
         loops = _loops(probe.mod["main"].body)

@@ -33,7 +33,7 @@ from tvm.s_tir import Schedule, Trace
 from ..cost_model.features import extract_features
 from ..measure._worker import cached_target, cached_workload, script_digest
 from ..space import space_for_target, without_decisions
-from ..utils import (UncheckedSchedule, apply_trace_json, error_line, structural_hash, to_plain,
+from ..utils import (apply_trace_json, error_line, replay_schedule, structural_hash, to_plain,
                      trace_to_json)
 from ..database.records import candidate_key
 
@@ -114,7 +114,7 @@ def _worker_sketch(key: str, mod: tvm.IRModule, trace_json: list) -> Trace:
     sketch = _sketches.get(key)
     if sketch is None:
         # applying a sketch without decisions samples them; only the instructions are kept
-        sch = UncheckedSchedule(mod, seed=1, error_render_level="none")
+        sch = replay_schedule(mod, seed=1)
         apply_trace_json(trace_json, sch)
         sketch = _sketches[key] = without_decisions(sch.trace)
         while len(_sketches) > _MAX_SKETCHES:

@@ -11,7 +11,7 @@ import tvm
 from tvm import tirx
 from tvm.s_tir import Schedule, Trace
 
-from ..utils import UncheckedSchedule, error_line
+from ..utils import error_line, replay_schedule
 from . import analysis as A
 from .params import TargetParams, target_params
 from .rule import FunctionRule, Postproc, ScheduleRule
@@ -72,12 +72,6 @@ def _main_name(mod: tvm.IRModule) -> str | None:
     if "main" in names:
         return "main"
     return names[0] if len(names) == 1 else None
-
-
-def _new_schedule(mod: tvm.IRModule, seed: int | None) -> Schedule:
-    if seed:  # TVM's seeds start at 1: 0 or None is a random one
-        return UncheckedSchedule(mod, seed=int(seed), error_render_level="none")
-    return UncheckedSchedule(mod, error_render_level="none")
 
 
 @dataclass
@@ -141,7 +135,7 @@ class SpaceGenerator:
         if _has_symbolic_shape(func):
             logger.debug("no design space for %s: symbolic shapes", name)
             return [empty_trace()]
-        sch = _new_schedule(mod, seed=None)
+        sch = replay_schedule(mod, seed=None)
         sch.work_on(name)
         blocks = A.collect_blocks(sch, name)
         if len(blocks) <= 1:
@@ -243,7 +237,7 @@ class SpaceGenerator:
             if reason is not None:
                 return Replayed(None, reason)
         try:
-            sch = _new_schedule(mod, seed)
+            sch = replay_schedule(mod, seed)
             sketch.apply_to_schedule(sch, remove_postproc=True)
         except Exception as err:
             return Replayed(None, f"replay failed: {error_line(err, with_type=True)}")

@@ -33,7 +33,7 @@ import tvm_ffi
 from tvm.s_tir import Schedule, Trace
 
 from ..space import sketch_part
-from ..utils import UncheckedSchedule, error_line
+from ..utils import error_line, replay_schedule
 
 
 def _nearest_divisor(n: int, size: int) -> int:
@@ -117,7 +117,7 @@ def _uneven_split(sch: Schedule, inputs) -> str:
 
 def _apply(sketch: Trace, mod: tvm.IRModule, keep_locations: bool,
            shares: list[float], sources: list[list[int]], uneven: list[str]) -> Schedule:
-    sch = UncheckedSchedule(mod, seed=1, error_render_level="none")
+    sch = replay_schedule(mod, seed=1)
 
     def provide(inst, inputs, _attrs, decision):
         name = inst.kind.name
