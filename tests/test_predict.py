@@ -148,8 +148,9 @@ def test_max_time_holds_with_slow_baselines_and_says_what_it_left(tmp_path, targ
 
 def test_a_time_budget_counts_seconds_in_its_progress(tmp_path, target, caplog):
     """Under ``max_time`` alone the progress lines count the limit's seconds, not the 10**9
-    trials that stand for "no trial limit", and the no-measurement choices made before the
-    first batch are reported, from the first to the last."""
+    trials that stand for "no trial limit" (a resumed session too, whose trials left are
+    10**9 less those done), and the no-measurement choices made before the first batch are
+    reported, from the first to the last."""
     tasks = rt.extract_tasks(matmul_mod(64), target)
     with caplog.at_level(logging.INFO, logger="relax_tune"):
         rt.tune_tasks(tasks, str(tmp_path), max_time=6, num_trials_per_iter=2)
@@ -158,6 +159,14 @@ def test_a_time_budget_counts_seconds_in_its_progress(tmp_path, target, caplog):
     assert any(line.startswith("[predicted 1/1 tasks") for line in lines)
     assert any(re.match(r"\[\d+ trials, \d+/6 s\] main: ", line) for line in lines), lines
     assert str(10**9) not in caplog.text
+    resumed = str(tmp_path / "resumed")
+    rt.tune_tasks(tasks, resumed, max_trials_global=2, num_trials_per_iter=2)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="relax_tune"):
+        rt.tune_tasks(tasks, resumed, max_time=3, num_trials_per_iter=2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "relax_tune.tuning.progress"
+             and " trials, " in r.getMessage()]
+    assert lines and all(re.match(r"\[\d+ trials, \d+/3 s\] main: ", line) for line in lines)
 
 
 def test_measure_false_needs_a_work_dir(target):

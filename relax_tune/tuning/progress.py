@@ -10,7 +10,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..config import UNLIMITED_TRIALS
 from .timeline import Timeline
 
 if TYPE_CHECKING:
@@ -61,7 +60,8 @@ class Progress:
     Otherwise nothing is printed: one INFO log line per batch (and per baseline timed
     before the first trial) goes to the ``relax_tune`` logger. When ``log_file`` is given,
     everything down to DEBUG is also written to it; with ``timeline_file`` each batch's
-    task state is appended there (``timeline.Timeline``).
+    task state is appended there (``timeline.Timeline``). With ``max_time`` (given where
+    the time limit, not a trial count, is the budget) the bar and the lines count seconds.
     """
 
     PREDICT_LOG_SECS = 5.0
@@ -72,8 +72,7 @@ class Progress:
                  enable_bar: bool | None = None, timeline_file: str | None = None,
                  max_time: float | None = None):
         self.total = total
-        self.max_time = max_time if max_time is not None and total >= UNLIMITED_TRIALS \
-            else None
+        self.max_time = max_time
         """The session's time limit where it, not a trial count, is the budget (``max_time``
         alone): the bar and the log lines count its seconds instead of the trials."""
         self._timeline = Timeline(timeline_file) if timeline_file else None

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import tvm
 
-from ..config import TuneConfig, make_config
+from ..config import UNLIMITED_TRIALS, TuneConfig, make_config
 from ..cost_model import make_cost_model
 from ..database import Database
 from ..dynamic.tuning import dynamic_hooks
@@ -120,7 +120,8 @@ def tune_tasks(tasks: Sequence[Task], work_dir: WorkDir | str | None = None,
     per_task = cfg.per_task_budget
     remaining = max(0, cfg.trial_budget - sum(st.report.trials for st in states))
     progress = Progress(remaining, wd.log_file if wd else None, enable_bar=cfg.progress_bar,
-                        timeline_file=wd.timeline_file if wd else None, max_time=cfg.max_time)
+                        timeline_file=wd.timeline_file if wd else None,
+                        max_time=cfg.max_time if cfg.trial_budget >= UNLIMITED_TRIALS else None)
     deadline = search_deadline(hooks, start, cfg.max_time)
     if remaining > 0 and any(st.report.trials < per_task for st in states):
         measurer.start()  # worker start-up overlaps the first build
