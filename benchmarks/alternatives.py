@@ -33,16 +33,22 @@ def pytorch_row(model, inputs) -> Row:
     return Row("pytorch", "-", call)
 
 
-def ort_session(path: str, threads: int, basic: bool = False):
+def ort_session(path: str, threads: int, basic: bool = False, profiling: bool = False):
     """An ONNX Runtime CPU session on ``threads`` intra-op threads, one inter-op thread,
     sequential execution (as every contender runs); ``basic``: basic graph optimisations
-    only (a QDQ file's operators run as written, not fused into ONNX Runtime's int8 kernels)."""
+    only (a QDQ file's operators run as written, not fused into ONNX Runtime's int8 kernels);
+    ``profiling``: ONNX Runtime's profiler on (``end_profiling()`` writes its events)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if profiling:
+        import tempfile
+
+        so.enable_profiling = True
+        so.profile_file_prefix = f"{tempfile.gettempdir()}/ort_profile"
     if basic:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])

@@ -1,14 +1,16 @@
-"""A model compiled from a work_dir and OpenVINO, profiled per kernel in one process:
+"""A model compiled from a work_dir and OpenVINO or ONNX Runtime, profiled per kernel in one
+process:
 
     python -m benchmarks.profile_vs_openvino <model.onnx> <work_dir> [--rounds 10]
-        [--calls 5] [--threads 2] [--warm]
+        [--calls 5] [--threads 2] [--warm] [--against openvino|onnxruntime]
 
 relax_tune's side is ``relax_tune.profile.profile_model`` (every call the Relax VM makes,
 timed in place by its instrument hook); OpenVINO's is its own per-node profile
 (``PERF_COUNT``: each executed node's real time, the node type and the primitive it ran,
 ``brgconv_avx512_amx_I8`` and the like; a float file is compiled with
 ``INFERENCE_PRECISION_HINT=f32``, as in the benchmark: on AMX CPUs OpenVINO runs a float
-model in bf16 otherwise). The two run in interleaved blocks of ``--calls``
+model in bf16 otherwise). ``--against onnxruntime``: ONNX Runtime's profiler instead (each
+node's kernel time and operator: ``Conv``, ``FusedConv``, ``QLinearConv``, ...). The two run in interleaved blocks of ``--calls``
 calls, ``--rounds`` times, so both see the same state of a drifting machine; the whole
 model is timed uninstrumented in the same blocks. Both lists come in execution order, so
 layer N of one reads against layer N of the other (kernels of ours also hold the
@@ -37,24 +39,87 @@ def quantized(path: str) -> bool:
                or node.op_type.startswith("QLinear") for node in graph.node)
 
 
+class OpenVINOSide:
+    """OpenVINO compiled with ``PERF_COUNT``: ``call()`` runs the model once,
+    ``profiled()`` runs it once and returns its executed nodes' seconds by (name, type,
+    primitive)."""
+
+    name = "openvino"
+
+    def __init__(self, model: str, x, threads: int):
+        import openvino as ov
+
+        config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+                  "PERF_COUNT": "YES"}
+        if not quantized(model):  # as the benchmark: a float model stays float32 (without
+            config["INFERENCE_PRECISION_HINT"] = "f32"  # the hint, AMX CPUs run it in bf16)
+        self.request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
+        self.x = x
+
+    def call(self) -> None:
+        self.request.infer({0: self.x})
+
+    def profiled(self) -> dict[tuple, float]:
+        self.call()
+        return {(node.node_name, node.node_type, node.exec_type): node.real_time.total_seconds()
+                for node in self.request.profiling_info
+                if node.status == node.Status.EXECUTED}
+
+
+class OnnxRuntimeSide:
+    """ONNX Runtime as the benchmark runs it (``alternatives.ort_session``); its per-node
+    times come from a second session with ONNX Runtime's profiler on (each node's
+    ``_kernel_time`` event), so the whole-model calls run unprofiled."""
+
+    name = "onnxruntime"
+
+    def __init__(self, model: str, x, threads: int):
+        from benchmarks.alternatives import ort_session
+
+        self.session = ort_session(model, threads)
+        self.profiler = ort_session(model, threads, profiling=True)
+        self.feed = {self.session.get_inputs()[0].name: x}
+
+    def call(self) -> None:
+        self.session.run(None, self.feed)
+
+    def profiled(self) -> dict[tuple, float]:
+        self.profiler.run(None, self.feed)
+        return {}  # read at the end (``finish``): the profiler writes its events to a file
+
+    def finish(self, runs: int) -> dict[tuple, float]:
+        """Each node's seconds per run, medians over the last ``runs`` profiled runs."""
+        import json
+        import os
+
+        path = self.profiler.end_profiling()
+        with open(path) as f:
+            events = json.load(f)
+        os.remove(path)
+        per_node: dict[tuple, list[float]] = defaultdict(list)
+        for event in events:
+            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                args = event.get("args", {})
+                key = (event["name"][:-len("_kernel_time")], args.get("op_name", "?"),
+                       args.get("provider", "").replace("ExecutionProvider", ""))
+                per_node[key].append(event["dur"] * 1e-6)
+        return {key: statistics.median(times[-runs:]) for key, times in per_node.items()}
+
+
 def main() -> None:
     parser = work_dir_parser(__doc__.splitlines()[0], "model", rounds=10, calls=5)
     parser.add_argument("--warm", action="store_true",
                         help="also time each kernel of ours called again at once")
+    parser.add_argument("--against", choices=("openvino", "onnxruntime"), default="openvino",
+                        help="the alternative whose own per-node profile is set beside ours")
     parser.add_argument("--min-ms", type=float, default=0.005,
                         help="leave out calls below this many ms a run")
     args = parser.parse_args()
     ex, vm, arg, x = work_dir_vm(args.model, args.work_dir, args.threads)
-    import openvino as ov
-
     from relax_tune.profile import profile_model
 
-    config = {"INFERENCE_NUM_THREADS": args.threads, "PERFORMANCE_HINT": "LATENCY",
-              "PERF_COUNT": "YES"}
-    if not quantized(args.model):  # as the benchmark: a float model stays float32 (without
-        config["INFERENCE_PRECISION_HINT"] = "f32"  # the hint, AMX CPUs run it in bf16)
-    compiled = ov.Core().compile_model(args.model, "CPU", config)
-    request = compiled.create_infer_request()
+    side = (OpenVINOSide if args.against == "openvino" else OnnxRuntimeSide)(
+        args.model, x, args.threads)
 
     def timed(call) -> list[float]:
         call()
@@ -65,7 +130,7 @@ def main() -> None:
             out.append(time.perf_counter() - start)
         return out
 
-    whole: dict[str, list[float]] = {"relax_tune": [], "openvino": []}
+    whole: dict[str, list[float]] = {"relax_tune": [], side.name: []}
     ours: dict[str, list[float]] = defaultdict(list)
     again: dict[str, list[float]] = defaultdict(list)
     order: list[str] = []
@@ -76,13 +141,13 @@ def main() -> None:
             ours[kernel.name].append(kernel.secs)
             if kernel.warm_secs is not None:
                 again[kernel.name].append(kernel.warm_secs)
-        whole["openvino"] += timed(lambda: request.infer({0: x}))
+        whole[side.name] += timed(side.call)
+        side.profiled()
         for _ in range(args.calls):
-            request.infer({0: x})
-            for node in request.profiling_info:
-                if node.status == node.Status.EXECUTED:
-                    theirs[(node.node_name, node.node_type, node.exec_type)] += \
-                        node.real_time.total_seconds() / (args.calls * args.rounds)
+            for key, secs in side.profiled().items():
+                theirs[key] += secs / (args.calls * args.rounds)
+    if hasattr(side, "finish"):
+        theirs = side.finish(args.calls * args.rounds)
     # profile_model lists the slowest first; execution order from one instrumented run
 
     def note_order(func, name, before, ret, *rest):  # noqa: ARG001
@@ -105,7 +170,7 @@ def main() -> None:
             warm = "" if not again_ms else \
                 f"{again_ms[name]:8.3f}  " if name in again_ms else " " * 10
             print(f"{ours_ms[name]:8.3f}  {warm}{name}")
-    print(f"\nOpenVINO, in execution order (sum {sum(theirs.values()) * 1e3:.3f} ms):")
+    print(f"\n{side.name}, in execution order (sum {sum(theirs.values()) * 1e3:.3f} ms):")
     for (name, kind, primitive), secs in theirs.items():
         if secs * 1e3 >= args.min_ms:
             print(f"{secs * 1e3:8.3f}  {kind:<14} {primitive:<28} {name}")
