@@ -277,9 +277,9 @@ def _counted_run(tmp_path, seed: int, **options) -> tuple[list, int]:
     return secs, round(after - before)
 
 
-# calls: run_candidate's warm-up (one: no warm-up time), the time evaluator's own untimed
-# first call, the timed ones
-@pytest.mark.parametrize("flush,calls", [(False, 2 + 3 * 5), (True, 2 + 3)])
+# calls: run_candidate's warm-up (one: no warm-up time), then per repeat (an interleaved
+# round, one time evaluator call each) the evaluator's own untimed first call and the timed ones
+@pytest.mark.parametrize("flush,calls", [(False, 1 + 3 * (1 + 5)), (True, 1 + 3 * (1 + 1))])
 def test_cache_flush_times_one_cold_call_per_repeat(tmp_path, flush, calls, monkeypatch):
     """With ``cache_flush`` every timed call follows a flush: each of the ``repeat``
     measurements is one call (the runtime flushes once per repeat, so ``number`` calls
@@ -290,6 +290,38 @@ def test_cache_flush_times_one_cold_call_per_repeat(tmp_path, flush, calls, monk
     secs, counted = _counted_run(tmp_path, 11, number=5, repeat=3, min_repeat_ms=0,
                                  cache_flush=flush)
     assert len(secs) == 3 and counted == calls
+
+
+def test_candidates_are_timed_in_interleaved_rounds(tmp_path, monkeypatch):
+    """The batch's measurements alternate between its candidates, round by round, so a
+    spell of load on the machine falls on all of them alike. Two kernels on one shared
+    argument, one adding 1 and one doubling: the final value tells the order of calls."""
+    from tvm.script import tirx as T
+
+    from relax_tune.measure import _worker
+
+    @T.prim_func(s_tir=True)
+    def main(A: T.Buffer((4,), "float32"), C: T.Buffer((4,), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        C[0] = C[0] * T.float32(2.0)
+
+    doubling = str(tmp_path / "double.so")
+    tvm.compile(tvm.IRModule({"main": main}), "llvm").export_library(doubling)
+    adding = _counting_library(tmp_path)
+    monkeypatch.setattr(_worker, "_WARM_UP_SECS", 0.0)
+    info = json.dumps([["TENSOR", "float32", [4]], ["TENSOR", "float32", [4]]])
+    x = float(_worker._cached_inputs(info, tvm.cpu(), 13)[1].numpy()[0])
+    for artifact in (adding, doubling):  # one warm-up call each
+        secs, err, ready = _worker.prepare_candidate(
+            artifact, info, 1, 0, number=1, repeat=3, min_repeat_ms=0, cache_flush=False,
+            max_secs=None, budget_secs=60.0, seed=13)
+        assert secs is None and err is None and ready is not None
+    times = _worker.time_prepared([adding, doubling], 3)
+    assert [len(t) for t in times] == [3, 3]
+    after = float(_worker._cached_inputs(info, tvm.cpu(), 13)[1].numpy()[0])
+    # each round: the adder twice (the evaluator's untimed call, the timed one), then the
+    # doubler twice; one after another it would be 32 * x + 160
+    assert after == pytest.approx(128 * x + 296, abs=1e-2)
 
 
 def test_short_kernels_are_warmed_up_before_timing(tmp_path):

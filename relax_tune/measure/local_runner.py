@@ -1,4 +1,4 @@
-"""``LocalRunner``: time built candidates on this machine's device, one at a time."""
+"""``LocalRunner``: time built candidates on this machine's device, in interleaved rounds."""
 
 from __future__ import annotations
 
@@ -54,14 +54,16 @@ def _file_digest(path: str) -> str | None:
 class LocalRunner(Runner):
     """Times candidates with the runtime's time evaluator in one persistent worker process.
 
-    Candidates are timed strictly one after another (timings never overlap). The worker
-    loads each artifact with ``tvm.runtime.load_module``, makes its inputs once per
-    ``args_info`` (seeded random data, cached in the worker), makes one warm-up call and then
-    calls ``time_evaluator("main", dev, number, repeat, min_repeat_ms)``. A candidate whose
+    Timings never overlap. The worker loads each artifact with
+    ``tvm.runtime.load_module``, makes its inputs once per ``args_info`` (seeded random data,
+    cached in the worker) and makes its warm-up calls, candidate by candidate; then the
+    batch's candidates are timed in ``repeat`` interleaved rounds, each round one
+    measurement of each (``time_evaluator("main", dev, number, 1, min_repeat_ms)``), so a
+    spell of load on the machine falls on all of them alike. A candidate whose
     full measurement would not fit in ``timeout_sec`` (judged from the warm-up call) keeps the
     warm-up time as its single ``run_secs`` entry instead of timing out; so does one whose
     warm-up call is over ``max_secs`` (see ``run``), a limit that tightens to ``slow_ratio``
-    times the fastest candidate of the batch so far. A candidate that
+    times the fastest candidate of the batch so far (by its warm-up call). A candidate that
     cannot be loaded, raises, segfaults or runs past ``timeout_sec`` gets a failed
     ``RunResult``; the worker is replaced if it died and the next candidate is timed.
 
@@ -166,7 +168,9 @@ class LocalRunner(Runner):
 
     def run(self, artifacts: list[str | None], args_info: list, target: Any,
             max_secs: float | None = None) -> list[RunResult]:
-        """Time each artifact's ``main`` on the target's device, one candidate at a time.
+        """Time each artifact's ``main`` on the target's device: warm-up calls candidate by
+        candidate, then the measurements in interleaved rounds (a candidate whose rounds
+        fail, or whose worker was lost, is timed again alone).
 
         Args:
             artifacts: paths of exported libraries; None (a failed build) gives a failed
@@ -193,7 +197,8 @@ class LocalRunner(Runner):
                            "warm-up call times out instead of being cut short",
                            max_secs, self.timeout_sec)
         info_json = json.dumps(args_info)
-        results: list[RunResult] = []
+        results: list[RunResult | None] = []
+        ready: list[tuple[int, float]] = []  # (index, seconds of one measurement)
         limit = max_secs
         for artifact in artifacts:
             if artifact is None:
@@ -202,32 +207,85 @@ class LocalRunner(Runner):
             short = None
             if limit is not None and self.slow_ratio and self.near_ratio:
                 short = max(self.near_ratio * limit / self.slow_ratio, _MIN_CUT_SECS)
-            result = self._run_one(artifact, info_json, device_type, device_id, flush, limit,
-                                   short)
+            result, call_secs = self._prepare(artifact, info_json, device_type, device_id,
+                                              flush, limit, short)
             results.append(result)
-            if limit is not None and self.slow_ratio and result.ok:
-                limit = min(limit, max(self.slow_ratio * result.mean_secs, _MIN_CUT_SECS))
-        return results
+            if result is None:
+                ready.append((len(results) - 1, call_secs[1]))
+            secs = call_secs[0] if result is None else result.mean_secs if result.ok else None
+            if limit is not None and self.slow_ratio and secs is not None:
+                limit = min(limit, max(self.slow_ratio * secs, _MIN_CUT_SECS))
+        for chunk in self._chunks(ready):
+            timed = self._time_prepared([artifacts[i] for i in chunk])
+            for i, result in zip(chunk, timed):
+                results[i] = result if result is not None else self._run_one(
+                    artifacts[i], info_json, device_type, device_id, flush, None)
+        return results  # type: ignore[return-value]
+
+    def _prepare(self, artifact: str, info_json: str, device_type: int, device_id: int,
+                 flush: bool, max_secs: float | None, short_secs: float | None
+                 ) -> tuple[RunResult | None, tuple[float, float] | None]:
+        """``_worker.prepare_candidate`` in the worker: ``(result, None)`` when the
+        candidate is done with (cut short, or failed), else ``(None, (call secs, secs of one
+        measurement))`` and it waits in the worker for ``_time_prepared``."""
+        try:
+            run_secs, error, ready = self.pool.submit(
+                _worker.prepare_candidate, artifact, info_json, device_type, device_id,
+                self.number, self.repeat, self.min_repeat_ms, flush, max_secs,
+                self.timeout_sec, self.seed, short_secs).result()
+        except Exception as err:  # noqa: BLE001 - the same failures as a whole run
+            return self._failed(artifact, err), None
+        if error is not None:
+            logger.debug("run failed for %s: %s", artifact, error)
+            return RunResult(None, error), None
+        return (RunResult(list(run_secs), None), None) if run_secs is not None else (None, ready)
+
+    def _chunks(self, ready: list[tuple[int, float]]) -> list[list[int]]:
+        """The prepared candidates in groups timed together, each group's rounds well within
+        the worker's time limit."""
+        chunks: list[list[int]] = []
+        secs = 0.0
+        for index, measurement in ready:
+            cost = self.repeat * measurement
+            if not chunks or secs + cost > 0.5 * self.timeout_sec:
+                chunks.append([])
+                secs = 0.0
+            chunks[-1].append(index)
+            secs += cost
+        return chunks
+
+    def _time_prepared(self, artifacts: list[str]) -> list[RunResult | None]:
+        """``_worker.time_prepared`` on ``artifacts``: one result each, None for those to
+        time again one by one (the interleaved rounds failed: a crash or a lost worker)."""
+        try:
+            timed = self.pool.submit(_worker.time_prepared, artifacts, self.repeat).result()
+        except Exception as err:  # noqa: BLE001 - each is timed alone instead
+            logger.debug("interleaved timing failed (%s); timing one by one", err)
+            return [None] * len(artifacts)
+        return [RunResult(out, None) if isinstance(out, list) else None for out in timed]
+
+    def _failed(self, artifact: str, err: BaseException) -> RunResult:
+        if isinstance(err, TimeoutError):
+            logger.info("run timed out after %.1f s: %s", self.timeout_sec, artifact)
+            return RunResult(None, ERROR_TIMEOUT)
+        if isinstance(err, ChildProcessError):
+            logger.warning("runner worker crashed on %s", artifact)
+            return RunResult(None, ERROR_CRASHED)
+        if isinstance(err, ImportError):
+            return RunResult(None, worker_import_error(err))
+        return RunResult(None, short_error(err))
 
     def _run_one(self, artifact: str, info_json: str, device_type: int, device_id: int,
                  flush: bool, max_secs: float | None,
                  short_secs: float | None = None) -> RunResult:
-        pool = self.pool
+        """One candidate loaded, warmed up and timed in one go (``_worker.run_candidate``)."""
         try:
-            run_secs, error = pool.submit(
+            run_secs, error = self.pool.submit(
                 _worker.run_candidate, artifact, info_json, device_type, device_id,
                 self.number, self.repeat, self.min_repeat_ms, flush, max_secs,
                 self.timeout_sec, self.seed, short_secs).result()
-        except TimeoutError:
-            logger.info("run timed out after %.1f s: %s", self.timeout_sec, artifact)
-            return RunResult(None, ERROR_TIMEOUT)
-        except ChildProcessError:
-            logger.warning("runner worker crashed on %s", artifact)
-            return RunResult(None, ERROR_CRASHED)
-        except ImportError as err:
-            return RunResult(None, worker_import_error(err))
         except Exception as err:  # noqa: BLE001
-            return RunResult(None, short_error(err))
+            return self._failed(artifact, err)
         if error is not None:
             logger.debug("run failed for %s: %s", artifact, error)
             return RunResult(None, error)
