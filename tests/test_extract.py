@@ -127,3 +127,24 @@ def test_reshapes_of_contiguous_tensors_are_views_not_tasks(target):
     names = [t.task_name for t in rt.extract_tasks(rt.transform.lower_for_tuning(mod, target),
                                                    target)]
     assert names and not any("reshape" in n for n in names), names
+
+
+def test_a_task_costs_its_flops_and_the_bytes_it_moves(target):
+    """``Task.cost`` (the first round's order): FLOPs plus ``BYTE_FLOPS`` per byte of the
+    arguments. A depthwise-like task that streams a large activation for few FLOPs comes
+    before a small matmul with more FLOPs, as it does in a model's time."""
+    from relax_tune.tuning.extract import BYTE_FLOPS
+
+    n = 64
+    a, b = te.placeholder((n, n), name="a"), te.placeholder((n, n), name="b")
+    k = te.reduce_axis((0, n), name="k")
+    mm = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="mm")
+    x = te.placeholder((1, 64, 64, 64), name="x")
+    relu = te.compute(x.shape, lambda *i: te.max(x(*i), 0.0), name="relu")
+    mod = tvm.IRModule({"matmul": te.create_prim_func([a, b, mm]),
+                        "relu": te.create_prim_func([x, relu])})
+    tasks = {t.task_name: t for t in rt.extract_tasks(mod, target)}
+    matmul, act = tasks["matmul"], tasks["relu"]
+    assert matmul.cost == pytest.approx(matmul.flops + BYTE_FLOPS * 3 * n * n * 4)
+    assert act.cost == pytest.approx(act.flops + BYTE_FLOPS * 2 * 64 ** 3 * 4)
+    assert matmul.flops > act.flops and act.cost > matmul.cost

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -19,6 +20,15 @@ from ..utils import (RelaxTuneError, args_info, dynamic_shape_vars, normalize_mo
                     structural_hash)
 
 logger = logging.getLogger(__name__)
+
+BYTE_FLOPS = 3.0
+"""What one byte of a task's arguments counts for in ``Task.cost``, in FLOPs. A convolution
+that reads and writes a large activation for few FLOPs (a depthwise one) takes far longer
+in the model than its FLOPs say. Fitted on MobileNetV2 (AMD EPYC Zen 1, 2 threads):
+against ONNX Runtime's own per-node times (a well-tuned kernel in place), the shares of the
+model that FLOPs alone give its 30 convolution tasks are off by 0.175 in all (summed
+absolute error; Spearman 0.95); FLOPs + 2 or 4 per byte, 0.067 / 0.099 (0.99); 8 per byte,
+0.197 (docs/design/time-budget.md, item 10)."""
 
 _CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_tir_with_grad")
 
@@ -69,6 +79,18 @@ class Task:
             return float(s_analysis.estimate_tir_flops(self.mod))
         except Exception:  # estimate_tir_flops rejects some opaque functions
             return 0.0
+
+    @functools.cached_property
+    def cost(self) -> float:
+        """What a call of the task costs before anything is measured, in FLOPs: its FLOPs
+        plus ``BYTE_FLOPS`` for each byte of its arguments (each read or written once a
+        call). The order a session takes tasks in until their first measurements (and the
+        no-measurement compile's order) follows it."""
+        size = 0
+        for arg in self.args_info:
+            if arg[0] == "TENSOR" and all(isinstance(d, int) for d in arg[2]):
+                size += tvm.DataType(arg[1]).bits // 8 * math.prod(arg[2])
+        return self.flops + BYTE_FLOPS * size
 
 
 ExtractedTask = Task

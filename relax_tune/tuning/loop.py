@@ -159,10 +159,10 @@ def _names(names: list[str]) -> str:
 
 def _prioritise(states: list[TaskState], per_task: int) -> None:
     """Set each task's importance for the first round (share of the untuned model time, or
-    of FLOPs while any baseline is missing, ``_shares``) and leave the tasks at budget
-    inactive."""
+    of the tasks' estimated cost while any baseline is missing: ``Task.cost``, FLOPs and
+    bytes moved; ``_shares``) and leave the tasks at budget inactive."""
     measured = all(st.report.baseline_secs for st in states)
-    costs = [st.task.weight * (st.report.baseline_secs if measured else st.task.flops)
+    costs = [st.task.weight * (st.report.baseline_secs if measured else st.task.cost)
              for st in states]
     for st, (share, scale) in zip(states, _shares(states, costs)):
         st.progress.importance, st.progress.scale = share, scale

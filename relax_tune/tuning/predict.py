@@ -490,7 +490,7 @@ def predict_schedules(states: list[TaskState], predicted: PredictedSchedules,
     hears of each (``Progress.predicted``), and of the start. Returns how many were
     recorded (their reports say ``predicted``)."""
     count = 0
-    order = [st for st in sorted(states, key=lambda st: -st.task.weight * st.task.flops)
+    order = [st for st in sorted(states, key=lambda st: -st.task.weight * st.task.cost)
              if wants_prediction(st)]
     done = 0
     if on_choice is not None and order:

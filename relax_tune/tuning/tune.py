@@ -274,8 +274,8 @@ def pool_replays(tasks: Sequence[Task], total: int | None) -> list[int | None]:
 
 def pool_shares(tasks: Sequence[Task]) -> list[float]:
     """Each task's share of the pools' budget: half split evenly, half by its share of the
-    model's FLOPs (weighted by calls)."""
-    costs = [t.weight * max(t.flops, 1.0) for t in tasks]
+    model's estimated cost (``Task.cost``, weighted by calls)."""
+    costs = [t.weight * max(t.cost, 1.0) for t in tasks]
     total = sum(costs)
     return [0.5 / len(tasks) + 0.5 * c / total for c in costs]
 
