@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -181,13 +182,22 @@ def shutdown_pool(pool: Any, starting: list[Future], wait_secs: float = 60.0) ->
     except Exception:  # noqa: BLE001 - only a faster shutdown is lost
         pass
     _kill_processes(pool)
-    try:
-        pool.shutdown(wait=True)
-    except Exception as err:  # noqa: BLE001 - a worker left running beats a hung process
-        logger.warning("measurement workers not all stopped cleanly: %s", short_error(err))
-        if pool._lock.locked():
-            pool._lock.release()
-        pool._shutdown = True
+    for attempt in (1, 2):
+        try:
+            pool.shutdown(wait=True)
+            return
+        except Exception as err:  # noqa: BLE001 - a worker left running beats a hung process
+            if pool._lock.locked():
+                pool._lock.release()
+            if attempt == 1 and isinstance(err, AttributeError):
+                # the thread reading a worker just killed above may be in its own
+                # PopenWorker.kill, which sets _proc to None under ours (EfficientNet-B0's
+                # 60 s session): once more, when that kill is done
+                time.sleep(0.05)
+                continue
+            logger.warning("measurement workers not all stopped cleanly: %s", short_error(err))
+            pool._shutdown = True
+            return
 
 
 def _kill_processes(pool: Any) -> None:
