@@ -222,6 +222,18 @@ class LocalRunner(Runner):
                     artifacts[i], info_json, device_type, device_id, flush, None)
         return results  # type: ignore[return-value]
 
+    def run_on_one_device(self, artifacts: list[str | None], args_info: list,
+                          target: Any) -> list[RunResult]:
+        """Time each artifact's ``main`` in order, one after another (an artifact may appear
+        several times): a head-to-head alternates its two kernels itself, round by round."""
+        target = parse_target(target)
+        device_type, device_id = self._device_of(target)
+        flush = self.enable_cpu_cache_flush and device_type == 1  # kDLCPU
+        info_json = json.dumps(args_info)
+        return [RunResult(None, "not built") if artifact is None else
+                self._run_one(artifact, info_json, device_type, device_id, flush, None)
+                for artifact in artifacts]
+
     def _prepare(self, artifact: str, info_json: str, device_type: int, device_id: int,
                  flush: bool, max_secs: float | None, short_secs: float | None
                  ) -> tuple[RunResult | None, tuple[float, float] | None]:
