@@ -9,9 +9,10 @@ and commits what comes back; how a candidate gets its time is decided here, in t
    ``_BASELINE_MAX_SECS``) keeps that one call as its time.
 3. The task's baseline -- the untuned function, or on a GPU the target's default schedule
    (``baseline.py``), measured once per task, with the task's first batch -- is built
-   beside the batch's candidates and timed after them, by one call when it is slow (over
-   ``_BASELINE_ONE_CALL_SECS``); with the correctness check on, that call also gives the
-   check its reference outputs, so the untuned function is built once, not twice.
+   beside the batch's candidates; its first call gives the correctness check its reference
+   outputs (so the untuned function is built once, not twice) and is its time when slow
+   (over ``_BASELINE_ONE_CALL_SECS``); a fast one is timed in the candidates' interleaved
+   rounds, first, so a spell of load on the machine falls on it and them alike.
 4. Screen would-be bests for correctness (``verify.CorrectnessChecker``): a candidate about
    to become the task's best is run once more on seeded inputs and compared with the
    task's baseline; a wrong one becomes a failure and the next fastest is checked.
@@ -145,9 +146,9 @@ class Measurer:
         """Build, time, screen and challenge one batch of ``task``; one ``Measured`` per trace,
         in order. When a trace is still building at ``deadline`` (time.monotonic: the
         session's limit) nothing of the batch is measured: every ``Measured`` has the error
-        ``ERROR_NOT_BUILT`` and the tuner records nothing for them. A trace None is the task's baseline
-        (``baseline.baseline_module``), built with the batch's candidates and timed after
-        them (``_time_baseline``).
+        ``ERROR_NOT_BUILT`` and the tuner records nothing for them. A trace None is the task's
+        baseline (``baseline.baseline_module``), built with the batch's candidates and timed
+        with them, first (``_first_baseline_call``).
 
         ``incumbent`` is the task's protocol state (updated here: the batch's new best, the
         reference); ``best_secs`` and ``baseline_secs`` are the task's best and untuned
@@ -175,13 +176,21 @@ class Measurer:
             max(_CUT_RATIO * best, _MIN_CUT_SECS), _BASELINE_MAX_SECS)
         runs = [RunResult(None, b.error if b.error == ERROR_NOT_BUILT else "not run")
                 for b in builds]
-        if cands:
-            for i, run in zip(cands, self.runner.run([artifacts[i] for i in cands], info,
-                                                     task.target, max_secs=max_secs)):
-                runs[i] = run
+        # a fast baseline is timed in the candidates' rounds, first (it sets their cut-off):
+        # a spell of load on the machine then falls on it and them alike
+        timed = []
         for i in (i for i, t in enumerate(traces)
                   if t is None and builds[i].error != ERROR_NOT_BUILT):
-            runs[i] = self._time_baseline(task, info, artifacts[i])
+            first = self._first_baseline_call(task, info, artifacts[i])
+            if first is None:
+                timed.append(i)
+            else:
+                runs[i] = first
+        timed += cands
+        if timed:
+            for i, run in zip(timed, self.runner.run([artifacts[i] for i in timed], info,
+                                                     task.target, max_secs=max_secs)):
+                runs[i] = run
         if cands and self.checker is not None:  # wrong would-be bests fail
             screened = self.checker.screen(task.task_name, task.mod, task.target, info,
                                            [artifacts[i] for i in cands],
@@ -271,13 +280,16 @@ class Measurer:
         incumbent.artifact = build.artifact_path if build.ok else None
         return incumbent.artifact
 
-    def _time_baseline(self, task: Task, info: list, artifact: str | None) -> RunResult:
-        """Time the untuned function: first one call on the correctness check's inputs (its
-        outputs become the check's reference, so the untuned function is not built again
-        for it); that call is its time when it is slow (over ``_BASELINE_ONE_CALL_SECS``).
-        Otherwise the runner times it as it times candidates: a single first call of a
-        fast function carries one-off costs (the demo MLP's untuned matmul: 3.2 ms cold,
-        0.3 ms timed), and the speedups reported are against the baseline's time."""
+    def _first_baseline_call(self, task: Task, info: list,
+                             artifact: str | None) -> RunResult | None:
+        """The untuned function's first call, on the correctness check's inputs (its outputs
+        become the check's reference, so the untuned function is not built again for it):
+        that call is its time when it is slow (over ``_BASELINE_ONE_CALL_SECS``), and the
+        result is returned. None: a fast one, to be timed as the candidates are, in their
+        rounds (a single first call of a fast function carries one-off costs: the demo MLP's
+        untuned matmul 3.2 ms cold, 0.3 ms timed; the speedups reported are against the
+        baseline's time). Without the check (or a runner that cannot fetch outputs) it is
+        timed here, alone."""
         target = task.target
         if artifact is None:
             return RunResult(None, "the untuned function did not build")
@@ -290,8 +302,7 @@ class Measurer:
                 logger.debug("untuned function failed its first call: %s", err)  # timed below
             else:
                 self.checker.use_reference(task.task_name, task.mod, target, info, artifact)
-                if secs > _BASELINE_ONE_CALL_SECS:
-                    return RunResult([secs], None)
+                return RunResult([secs], None) if secs > _BASELINE_ONE_CALL_SECS else None
         return self.runner.run([artifact], info, target, max_secs=_BASELINE_ONE_CALL_SECS)[0]
 
     def _keep(self, incumbent: Incumbent, batch: list[Measured],
