@@ -102,56 +102,19 @@ def test_time_and_fetch_remembers_outputs(built, mod256, target, tmp_path):
         runner.run_and_fetch(copy, info, target, seed=8)
 
 
-def test_slow_untuned_function_is_called_once(target, tmp_path, shared_runner, monkeypatch):
-    """512^3 untuned takes well over 0.1 s here: its baseline, timed before the first batch's
-    candidates, is one call, and that call is the correctness reference too (the check
-    never calls the untuned function again)."""
-    mod = matmul_mod(512)
-    calls: list[str] = []
-    runner = shared_runner
-    time_and_fetch, run = runner.time_and_fetch, runner.run
-
-    def counting_time_and_fetch(*args, **kwargs):
-        calls.append("time_and_fetch")
-        return time_and_fetch(*args, **kwargs)
-
-    def counting_run(artifacts, *args, **kwargs):
-        calls.extend(["run"] * len(artifacts))
-        return run(artifacts, *args, **kwargs)
-
-    monkeypatch.setattr(runner, "time_and_fetch", counting_time_and_fetch)
-    monkeypatch.setattr(runner, "run", counting_run)
-    task = rt.extract_tasks(mod, target)[0]
-    rt.tune_tasks([task], str(tmp_path), max_trials_global=2, num_trials_per_iter=2,
-                  runner=runner, progress_bar=False)
-    assert runner._memo, "the untuned outputs were not kept for the check"
-    db = JSONDatabase(work_dir=str(tmp_path))
-    records = db.get_records(db.commit_workload(task.mod))
-    base = [r for r in records if is_baseline(r)]
-    assert len(base) == 1 and base[0].is_valid and len(base[0].run_secs) == 1
-    assert base[0].run_secs[0] > 0.1
-    assert calls[:3] == ["time_and_fetch", "run", "run"], calls  # baseline, then candidates
-    assert calls.count("time_and_fetch") == 1
-    assert calls.count("run") == 2  # the two candidates; the baseline is not run again
-
-
-def test_a_fast_baseline_is_timed_in_the_candidates_rounds(target, tmp_path, shared_runner,
-                                                            monkeypatch):
-    """A fast untuned function (well under 0.1 s a call) gives the check its reference with
-    one call, then is timed with the first batch's candidates in one ``run``, first (their
-    interleaved rounds: a spell of load on the machine falls on it and them alike)."""
-    mod = matmul_mod(64)
-    fetched: list[str] = []
-    batches: list[list[str]] = []
-    runner = shared_runner
+def _tune_recording(mod, target, tmp_path, runner, monkeypatch) -> tuple[list, list]:
+    """Tune ``mod``'s one task for 2 trials (one batch and its baseline) with ``runner``;
+    returns the calls it got, ``("time_and_fetch", artifact)`` and ``("run", artifacts)``
+    in order, and the task's baseline records."""
+    calls: list[tuple[str, object]] = []
     time_and_fetch, run = runner.time_and_fetch, runner.run
 
     def recording_time_and_fetch(artifact, *args, **kwargs):
-        fetched.append(artifact)
+        calls.append(("time_and_fetch", artifact))
         return time_and_fetch(artifact, *args, **kwargs)
 
     def recording_run(artifacts, *args, **kwargs):
-        batches.append(list(artifacts))
+        calls.append(("run", list(artifacts)))
         return run(artifacts, *args, **kwargs)
 
     monkeypatch.setattr(runner, "time_and_fetch", recording_time_and_fetch)
@@ -160,10 +123,33 @@ def test_a_fast_baseline_is_timed_in_the_candidates_rounds(target, tmp_path, sha
     rt.tune_tasks([task], str(tmp_path), max_trials_global=2, num_trials_per_iter=2,
                   runner=runner, progress_bar=False)
     db = JSONDatabase(work_dir=str(tmp_path))
-    base = [r for r in db.get_records(db.commit_workload(task.mod)) if is_baseline(r)]
+    return calls, [r for r in db.get_records(db.commit_workload(task.mod)) if is_baseline(r)]
+
+
+def test_slow_untuned_function_is_called_once(target, tmp_path, shared_runner, monkeypatch):
+    """512^3 untuned takes well over 0.1 s here: its baseline, timed before the first batch's
+    candidates, is one call, and that call is the correctness reference too (the check
+    never calls the untuned function again)."""
+    calls, base = _tune_recording(matmul_mod(512), target, tmp_path, shared_runner,
+                                  monkeypatch)
+    assert shared_runner._memo, "the untuned outputs were not kept for the check"
+    assert len(base) == 1 and base[0].is_valid and len(base[0].run_secs) == 1
+    assert base[0].run_secs[0] > 0.1
+    # the baseline's one call, then the two candidates; the baseline is not run again
+    assert [kind for kind, _ in calls] == ["time_and_fetch", "run"], calls
+    assert len(calls[1][1]) == 2 and calls[0][1] not in calls[1][1]
+
+
+def test_a_fast_baseline_is_timed_in_the_candidates_rounds(target, tmp_path, shared_runner,
+                                                            monkeypatch):
+    """A fast untuned function (well under 0.1 s a call) gives the check its reference with
+    one call, then is timed with the first batch's candidates in one ``run``, first (their
+    interleaved rounds: a spell of load on the machine falls on it and them alike)."""
+    calls, base = _tune_recording(matmul_mod(64), target, tmp_path, shared_runner,
+                                  monkeypatch)
     assert len(base) == 1 and base[0].is_valid and len(base[0].run_secs) > 1  # timed, not cut
-    assert len(fetched) == 1 and len(batches[0]) == 3, (fetched, batches)
-    assert batches[0][0] == fetched[0]  # the baseline first, then the two candidates
+    assert [kind for kind, _ in calls][:2] == ["time_and_fetch", "run"], calls
+    assert len(calls[1][1]) == 3 and calls[1][1][0] == calls[0][1]  # the baseline first
 
 
 def test_candidate_near_the_cut_gets_single_call_repeats(built, mod256, target, shared_runner,
