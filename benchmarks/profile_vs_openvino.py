@@ -40,9 +40,9 @@ def quantized(path: str) -> bool:
 
 
 class OpenVINOSide:
-    """OpenVINO compiled with ``PERF_COUNT``: ``call()`` runs the model once,
-    ``profiled()`` runs it once and returns its executed nodes' seconds by (name, type,
-    primitive)."""
+    """OpenVINO compiled with ``PERF_COUNT``: ``call()`` runs the model once, ``profile(n)``
+    one call more and ``n`` profiled calls, ``per_node()`` the executed nodes' seconds a run
+    by (name, type, primitive), medians over the profiled calls."""
 
     name = "openvino"
 
@@ -55,21 +55,29 @@ class OpenVINOSide:
             config["INFERENCE_PRECISION_HINT"] = "f32"  # the hint, AMX CPUs run it in bf16)
         self.request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
         self.x = x
+        self.nodes: dict[tuple, list[float]] = defaultdict(list)
 
     def call(self) -> None:
         self.request.infer({0: self.x})
 
-    def profiled(self) -> dict[tuple, float]:
+    def profile(self, calls: int) -> None:
         self.call()
-        return {(node.node_name, node.node_type, node.exec_type): node.real_time.total_seconds()
-                for node in self.request.profiling_info
-                if node.status == node.Status.EXECUTED}
+        for _ in range(calls):
+            self.call()
+            for node in self.request.profiling_info:
+                if node.status == node.Status.EXECUTED:
+                    key = (node.node_name, node.node_type, node.exec_type)
+                    self.nodes[key].append(node.real_time.total_seconds())
+
+    def per_node(self) -> dict[tuple, float]:
+        return {key: statistics.median(times) for key, times in self.nodes.items()}
 
 
 class OnnxRuntimeSide:
-    """ONNX Runtime as the benchmark runs it (``alternatives.ort_session``); its per-node
-    times come from a second session with ONNX Runtime's profiler on (each node's
-    ``_kernel_time`` event), so the whole-model calls run unprofiled."""
+    """ONNX Runtime as the benchmark runs it (``alternatives.ort_session``), the same three
+    calls as ``OpenVINOSide``; its per-node times come from a second session with ONNX
+    Runtime's profiler on (each node's ``_kernel_time`` event, by node, operator and
+    provider), so the whole-model calls run unprofiled."""
 
     name = "onnxruntime"
 
@@ -79,31 +87,33 @@ class OnnxRuntimeSide:
         self.session = ort_session(model, threads)
         self.profiler = ort_session(model, threads, profiling=True)
         self.feed = {self.session.get_inputs()[0].name: x}
+        self.recorded: list[bool] = []  # per profiler run: one of the profiled calls?
 
     def call(self) -> None:
         self.session.run(None, self.feed)
 
-    def profiled(self) -> dict[tuple, float]:
-        self.profiler.run(None, self.feed)
-        return {}  # read at the end (``finish``): the profiler writes its events to a file
+    def profile(self, calls: int) -> None:
+        for recorded in [False] + [True] * calls:
+            self.profiler.run(None, self.feed)
+            self.recorded.append(recorded)
 
-    def finish(self, runs: int) -> dict[tuple, float]:
-        """Each node's seconds per run, medians over the last ``runs`` profiled runs."""
+    def per_node(self) -> dict[tuple, float]:
         import json
         import os
 
-        path = self.profiler.end_profiling()
+        path = self.profiler.end_profiling()  # the profiler writes its events to a file
         with open(path) as f:
             events = json.load(f)
         os.remove(path)
-        per_node: dict[tuple, list[float]] = defaultdict(list)
+        per_run: dict[tuple, list[float]] = defaultdict(list)
         for event in events:
             if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
                 args = event.get("args", {})
                 key = (event["name"][:-len("_kernel_time")], args.get("op_name", "?"),
                        args.get("provider", "").replace("ExecutionProvider", ""))
-                per_node[key].append(event["dur"] * 1e-6)
-        return {key: statistics.median(times[-runs:]) for key, times in per_node.items()}
+                per_run[key].append(event["dur"] * 1e-6)  # one a run, in run order
+        return {key: statistics.median(t for t, kept in zip(times, self.recorded) if kept)
+                for key, times in per_run.items()}
 
 
 def main() -> None:
@@ -134,7 +144,6 @@ def main() -> None:
     ours: dict[str, list[float]] = defaultdict(list)
     again: dict[str, list[float]] = defaultdict(list)
     order: list[str] = []
-    theirs: dict[tuple, float] = defaultdict(float)
     for _ in range(args.rounds):
         whole["relax_tune"] += timed(lambda: vm["main"](arg))
         for kernel in profile_model(ex, [arg], runs=args.calls, warmup=1, warm=args.warm):
@@ -142,12 +151,8 @@ def main() -> None:
             if kernel.warm_secs is not None:
                 again[kernel.name].append(kernel.warm_secs)
         whole[side.name] += timed(side.call)
-        side.profiled()
-        for _ in range(args.calls):
-            for key, secs in side.profiled().items():
-                theirs[key] += secs / (args.calls * args.rounds)
-    if hasattr(side, "finish"):
-        theirs = side.finish(args.calls * args.rounds)
+        side.profile(args.calls)
+    theirs = side.per_node()
     # profile_model lists the slowest first; execution order from one instrumented run
 
     def note_order(func, name, before, ret, *rest):  # noqa: ARG001

@@ -166,6 +166,12 @@ class LocalRunner(Runner):
     def _device_of(target: tvm.target.Target) -> tuple[int, int]:
         return int(target.get_target_device_type()), 0
 
+    def _where(self, target: Any) -> tuple[int, int, bool]:
+        """``(device type, device id, flush)`` for timing on ``target``'s device: the CPU
+        caches are flushed only for a CPU target, and only with ``enable_cpu_cache_flush``."""
+        device_type, device_id = self._device_of(parse_target(target))
+        return device_type, device_id, self.enable_cpu_cache_flush and device_type == 1
+
     def run(self, artifacts: list[str | None], args_info: list, target: Any,
             max_secs: float | None = None) -> list[RunResult]:
         """Time each artifact's ``main`` on the target's device: warm-up calls candidate by
@@ -189,9 +195,7 @@ class LocalRunner(Runner):
         """
         if not artifacts:
             return []
-        target = parse_target(target)
-        device_type, device_id = self._device_of(target)
-        flush = self.enable_cpu_cache_flush and device_type == 1  # kDLCPU
+        device_type, device_id, flush = self._where(target)
         if max_secs is not None and max_secs >= self.timeout_sec:
             logger.warning("max_secs=%.3g is not below the runner's timeout_sec=%.3g: a slow "
                            "warm-up call times out instead of being cut short",
@@ -210,9 +214,11 @@ class LocalRunner(Runner):
             result, call_secs = self._prepare(artifact, info_json, device_type, device_id,
                                               flush, limit, short)
             results.append(result)
-            if result is None:
+            if result is None:  # prepared: timed in the rounds below
                 ready.append((len(results) - 1, call_secs[1]))
-            secs = call_secs[0] if result is None else result.mean_secs if result.ok else None
+                secs = call_secs[0]
+            else:
+                secs = result.mean_secs if result.ok else None
             if limit is not None and self.slow_ratio and secs is not None:
                 limit = min(limit, max(self.slow_ratio * secs, _MIN_CUT_SECS))
         for chunk in self._chunks(ready):
@@ -226,9 +232,7 @@ class LocalRunner(Runner):
                           target: Any) -> list[RunResult]:
         """Time each artifact's ``main`` in order, one after another (an artifact may appear
         several times): a head-to-head alternates its two kernels itself, round by round."""
-        target = parse_target(target)
-        device_type, device_id = self._device_of(target)
-        flush = self.enable_cpu_cache_flush and device_type == 1  # kDLCPU
+        device_type, device_id, flush = self._where(target)
         info_json = json.dumps(args_info)
         return [RunResult(None, "not built") if artifact is None else
                 self._run_one(artifact, info_json, device_type, device_id, flush, None)
