@@ -372,6 +372,57 @@ def test_a_schedule_carries_over_to_the_same_matmul_with_another_epilogue(target
     np.testing.assert_allclose(y.numpy(), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-4)
 
 
+def _add(out: te.Tensor, other: te.Tensor, name: str) -> te.Tensor:
+    if len(other.shape) == 1:
+        return te.compute(out.shape, lambda i, j: out[i, j] + other[j], name=name)
+    return te.compute(out.shape, lambda i, j: out[i, j] + other[i, j], name=name)
+
+
+def _matmul_then(n: int, *adds: str) -> tvm.IRModule:
+    """C = A @ B (n x n), then the adds in order ("bias": a row; "residual": a whole
+    matrix), named as TVM names a fused function's: T_add, T_add1."""
+    a = te.placeholder((n, n), "float32", name="A")
+    b = te.placeholder((n, n), "float32", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    out = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    args = [a, b]
+    for index, add in enumerate(adds):
+        other = te.placeholder((n,) if add == "bias" else (n, n), "float32", name=add)
+        out = _add(out, other, f"T_add{index or ''}")
+        args.append(other)
+    return normalize_mod(te.create_prim_func([*args, out]))
+
+
+def test_a_schedule_carries_over_where_the_epilogue_lacks_a_block_and_is_named_otherwise(
+        target, tmp_path):
+    """A matmul + bias + residual add (T_add, T_add1) gives its schedule to the same matmul
+    with no epilogue (the matmul is then the output block: no consumer to compute at) and
+    to one with the residual add alone, which TVM then names T_add (an ONNX convolution
+    whose folded bias is zero). Each replays, is applied without measurement and computes
+    its own sum. Before the blocks were matched by what they compute, neither replayed, and
+    MobileNetV2's 1x1 projections took schedules of far shapes (distance 5-11)."""
+    wd = str(tmp_path)
+    rt.tune_tasks(rt.extract_tasks(_matmul_then(64, "bias", "residual"), target), wd,
+                  max_trials_global=8, num_trials_per_iter=4, transfer=False)
+    db = rt.JSONDatabase(work_dir=wd)
+    rng = np.random.default_rng(0)
+    x, w, r = (rng.random((64, 64), dtype=np.float32) for _ in range(3))
+    for adds, want in (((), x @ w), (("residual",), x @ w + r)):
+        mod = _matmul_then(64, *adds)
+        (found,) = TransferSource([db], per_task=1).find(mod, target)
+        assert found.distance == 0 and found.kept == 1.0
+        replayed = space_for_target(target).replay(mod, found.trace)
+        assert replayed.ok, replayed.error
+        record = _predicted_record(mod, wd, target)
+        assert candidate_key(record.trace_json) == candidate_key(
+            trace_to_json(replayed.sch.trace))
+        lib = tvm.compile(schedule_from_json(mod, record.trace_json).mod, target)
+        args = [tvm.runtime.tensor(v) for v in (x, w, r)[:2 + len(adds)]]
+        y = tvm.runtime.tensor(np.zeros((64, 64), "float32"))
+        lib["main"](*args, y)
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_split_into_whole_vectors_does_not_carry_over_to_an_extent_it_leaves_a_rest_of():
     """A 64-wide loop split into vectors of 8 becomes 8 x 8 iterations under a predicate on
     a 58-wide one, which LLVM does not vectorise (ShuffleNetV2's 58-channel convolutions ran

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 from tvm.s_tir import Schedule, Trace
+from tvm.s_tir.schedule import Instruction, InstructionKind, SBlockRV
 
 from ..space import sketch_part
 from ..utils import error_line, replay_schedule
@@ -174,16 +175,57 @@ return (a ``GetConsumers`` of the last block returns one block more on a workloa
 another block after it, and a replay stops at the count it does not expect)."""
 
 
-def prune_missing_blocks(trace: Trace, blocks: frozenset | set) -> Trace:
-    """``trace`` without its instructions on blocks not named in ``blocks``: each
-    ``GetSBlock`` of another name, and every instruction that uses what one of those
-    produced (an inlined bias add the new workload does not have, and its inlining); then
-    without the lookups (``_QUERIES``) whose results nothing uses."""
+def _flat(values) -> list:
+    out = []
+    for value in values:
+        out += _flat(value) if isinstance(value, (list, tuple, tvm_ffi.Array)) else [value]
+    return out
+
+
+def block_names(trace: Trace, mod: tvm.IRModule) -> dict:
+    """The name of the block behind each of ``trace``'s block variables, the trace replayed
+    on ``mod`` (the workload it was made on): what a ``GetConsumers`` returned there."""
+    sch = replay_schedule(mod, seed=1)
+    names: dict = {}
+
+    def provide(inst, inputs, _attrs, decision):
+        for rv, value in zip(_flat(inst.inputs), _flat(inputs)):
+            if isinstance(rv, SBlockRV):
+                names[rv] = str(sch.get(value).name_hint)
+        return decision
+
+    trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provide)
+    return names
+
+
+def adapt_blocks(trace: Trace, names: dict, renames: dict) -> Trace:
+    """``trace`` for a workload whose blocks after the anchor differ (``renames``, from
+    ``similarity.epilogue_renames``: a source block's name to the new one's, or to None where
+    the new workload lacks it): each block looked up by its new name, a consumer or producer
+    lookup by name too (``names``, from :func:`block_names`: the new workload's consumers are
+    other blocks, or none), and every instruction on a missing block dropped with whatever
+    uses its results; then the lookups whose results nothing uses."""
     dead: set = set()
     kept = []
+    get_block = InstructionKind.get("GetSBlock")
     for inst in trace.insts:
-        missing = inst.kind.name == "GetSBlock" and str(inst.attrs[0]) not in blocks
-        if missing or any(rv in dead for rv in _rvs(inst.inputs)):
+        kind = inst.kind.name
+        if kind == "GetSBlock":
+            name = renames.get(str(inst.attrs[0]), str(inst.attrs[0]))
+            if name is None:
+                dead.update(inst.outputs)
+                continue
+            inst = Instruction(get_block, [], [name, *inst.attrs[1:]], inst.outputs)
+        elif kind in ("GetConsumers", "GetProducers") and not any(
+                rv in dead for rv in _rvs(inst.inputs)):
+            for out in inst.outputs:
+                name = renames.get(names.get(out), names.get(out))
+                if name is None:
+                    dead.add(out)
+                else:
+                    kept.append(Instruction(get_block, [], [name, "main"], [out]))
+            continue
+        if any(rv in dead for rv in _rvs(inst.inputs)):
             dead.update(inst.outputs)
             continue
         kept.append(inst)
@@ -195,20 +237,22 @@ def prune_missing_blocks(trace: Trace, blocks: frozenset | set) -> Trace:
         used.update(_rvs(inst.inputs))
         needed.append(inst)
     kept = needed[::-1]
-    if len(kept) == len(trace.insts):
-        return trace
     decisions = {inst: trace.decisions[inst] for inst in kept if inst in trace.decisions}
     return Trace(kept, decisions)
 
 
-def refit_trace(source: Schedule, mod: tvm.IRModule,
-                blocks: frozenset | set | None = None) -> tuple[Refitted | None, str]:
+def refit_trace(source: Schedule, mod: tvm.IRModule, renames: dict | None = None,
+                source_mod: tvm.IRModule | None = None) -> tuple[Refitted | None, str]:
     """``source``'s trace (a schedule of an alike workload) replayed on ``mod`` with its
-    tiles fitted, or None and why not; with ``blocks`` (``mod``'s block names), the
-    instructions on the source's other blocks dropped first (``prune_missing_blocks``)."""
+    tiles fitted, or None and why not; with ``renames`` (``similarity.epilogue_renames``),
+    its blocks after the anchor first adapted to ``mod``'s (``adapt_blocks``; ``source_mod``
+    is the workload ``source`` was made on)."""
     sketch = sketch_part(source.trace)
-    if blocks is not None:
-        sketch = prune_missing_blocks(sketch, blocks)
+    if renames is not None:
+        try:
+            sketch = adapt_blocks(sketch, block_names(sketch, source_mod), renames)
+        except Exception as err:  # noqa: BLE001 - a trace that does not replay at home
+            return None, f"does not replay on its own workload: {error_line(err)}"
     error = ""
     for keep_locations in (True, False):
         shares: list[float] = []

@@ -24,7 +24,8 @@ from ..database.records import is_baseline
 from ..space.params import target_params
 from ..utils import schedule_from_json, structural_hash
 from .refit import refit_trace, register_fallbacks
-from .similarity import Shape, anchor_distance, shape_distance, workload_shape
+from .similarity import (Shape, anchor_distance, epilogue_renames, shape_distance,
+                         workload_shape)
 
 logger = logging.getLogger(__name__)
 
@@ -144,16 +145,19 @@ class TransferSource:
         here = self._class_of(target)
         others = [(i, e) for i, e in enumerate(self._index())
                   if not (e.database is self.own and e.program == program)]
-        alike = sorted((shape_distance(shape, e.shape), i, False) for i, e in others
+        alike = sorted((shape_distance(shape, e.shape), i, None) for i, e in others
                        if e.shape.key == shape.key)
-        # alike up to the anchor, and scheduling every block of this workload: a block the
-        # source lacks would run as its own loop nest (EfficientNet's SiLU after MobileNetV2's
-        # clip), and such candidates led the first batch
-        anchored = sorted((anchor_distance(shape, e.shape), i, True) for i, e in others
-                          if e.shape.key != shape.key and e.shape.anchor == shape.anchor
-                          and shape.blocks <= e.shape.blocks)
+        # alike up to the anchor, the blocks after it renamed to this workload's and those
+        # it lacks dropped; not where this one has an epilogue block the source lacks (it
+        # would run as its own loop nest: EfficientNet's SiLU after MobileNetV2's clip)
+        anchored = sorted(((anchor_distance(shape, e.shape), i, renames) for i, e in others
+                           if e.shape.key != shape.key
+                           and (renames := epilogue_renames(shape, e.shape)) is not None),
+                          key=lambda c: c[:2])
         out: list[Transferred] = []
-        for distance, i, pruned in alike + anchored:
+        # the same blocks first: closer anchored sources were as often slower as faster
+        # (MobileNetV2's convolutions with a residual add, docs/design/transfer.md)
+        for distance, i, renames in alike + anchored:
             if len(out) >= self.per_task:
                 break
             if not math.isfinite(distance):
@@ -161,7 +165,7 @@ class TransferSource:
             source, same = self._source(i, here, same_class_only, str(target))
             if source is None:
                 continue
-            refitted, why = refit_trace(source, mod, shape.blocks if pruned else None)
+            refitted, why = refit_trace(source, mod, renames, self._index()[i].workload.mod)
             if refitted is None:
                 logger.debug("transfer: %s", why)
                 continue
