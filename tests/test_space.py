@@ -367,6 +367,29 @@ def test_target_params_read_from_target():
     assert target_params(tvm.target.Target("llvm")).num_cores >= 1
 
 
+@pytest.mark.parametrize("mcpu, rows", [("haswell", 7), ("skylake-avx512", 7)])
+def test_a_register_tile_fills_the_registers_but_what_its_operands_need(mcpu, rows):
+    """Rows of two vectors a tile, on a 49-row matmul (a 7x7 map's 1x1 convolution, whose
+    rows divide only by 7): on AVX2's 16 registers 7 rows (14 accumulators) replay and
+    leave two for the broadcast and the weight vector; on AVX-512's 32, 7 rows of 4 (28).
+    One row more per tile than that (a 56-row matmul, 8 rows) is past the budget."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    params = target_params(target)
+    width = 2 if params.vector_registers == 16 else 4  # vectors a tile
+    space = space_for_target(target)
+    for m, tile, ok in ((49, rows, True), (56, rows + 1, False)):
+        mod, _ = matmul(m, 64, 64)
+        sketch = space.generate_design_space(mod)[0]
+        tiles = [i for i in sketch.insts if i.kind.name == "SamplePerfectTile"]
+        vectors = 64 * 4 // params.vector_bytes
+        trace = sketch.with_decision(tiles[0], [m // tile, 1, 1, tile], True)
+        trace = trace.with_decision(tiles[1], [vectors // width, 1, 1, width], True)
+        out = space.replay(mod, trace)
+        assert out.ok == ok, (m, tile, out.error)
+        if not ok:
+            assert "LimitRegisterTile" in out.error, out.error
+
+
 def test_sketches_replay_fresh_decisions(target):
     """Replaying a sketch without decisions draws new ones (different seeds, different
     programs), and the sketch traces are over Schedule(mod)."""

@@ -11,6 +11,7 @@ import relax_tune as rt
 from relax_tune.database import MemoryDatabase, TuningRecord
 from relax_tune.database.records import candidate_key, is_baseline
 from relax_tune.space import space_for_target
+from relax_tune.space.cpu.multi_level_tiling import accumulator_budget
 from relax_tune.space.params import target_params
 from relax_tune.testing.workloads import matmul_mod
 from relax_tune.transfer.refit import kept_share, refit_trace, register_fallbacks
@@ -245,10 +246,10 @@ def test_a_register_tile_grown_past_the_registers_falls_back_to_one_that_fits(ta
     MobileNetV2's heaviest 1x1 convolutions to the model's choice on a Zen 3). The
     no-measurement compile then applies a fallback with the same cache tiles that fits.
     (w: the most vectors a loop may hold that divide the budget with rows under the largest
-    innermost tile: 3 rows of 4 on AVX2's 16 registers, 7 of 4 on AVX-512's 32, where 14
+    innermost tile: 7 rows of 2 on AVX2's 14 accumulators, 7 of 4 on AVX-512's 28, where 14
     rows of 2 would be past that tile.)"""
     params = target_params(target)
-    budget = params.vector_registers - 4  # LimitRegisterTile's
+    budget = accumulator_budget(params)  # LimitRegisterTile's
     vectors = 64 * 4 // params.vector_bytes  # the 64 columns, in vectors
     w = next(w for w in range(min(params.max_vector_registers_per_loop, vectors), 0, -1)
              if budget % w == 0 and vectors % w == 0

@@ -255,13 +255,24 @@ class MultiLevelTiling(ScheduleRule):
         return results or [sch]
 
 
+def accumulator_budget(params: TargetParams) -> int:
+    """SIMD registers a register tile's accumulators may fill: all but those the operands
+    need. An FMA of a broadcast input and a weight vector holds two; with 16 registers (AVX2)
+    two reserved let a 7x7 map's tile of 7 pixels take two vectors (14 accumulators), where
+    four held it to one: MobileNetV2's 7x7 1x1 convolutions tuned 11-15% faster (AMD EPYC Zen
+    1, 48-64 trials each, docs/design/cpu-space-limits.md). With 32 registers four stay
+    reserved (28 accumulators), as measured there before; two were not measured."""
+    reserved = 2 if params.vector_registers <= 16 else 4
+    return max(1, params.vector_registers - reserved)
+
+
 class LimitRegisterTile(Postproc):
     """Reject candidates whose innermost tile of a tiled block cannot live in registers.
 
     The loops inside a tiled block's last reduction loop hold the accumulators the inner
     loop updates: their element count, in SIMD registers of the written type, must not
-    exceed ``vector_registers - reserved`` (the rest holds the broadcast and loaded
-    operands); otherwise every update spills. It must not be below ``min_registers`` either
+    exceed ``accumulator_budget`` (the rest holds the broadcast and loaded operands);
+    otherwise every update spills. It must not be below ``min_registers`` either
     (or the largest tile the block's extents allow, when that is smaller): a single accumulator chain
     waits on the FMA latency every update. Rejected samples are simply redrawn, so this
     biases random sampling toward sane register tiles without constraining each tile alone.
@@ -269,9 +280,9 @@ class LimitRegisterTile(Postproc):
 
     name = "limit_register_tile"
 
-    def __init__(self, params: TargetParams, reserved: int = 4, min_registers: int = 4) -> None:
+    def __init__(self, params: TargetParams, min_registers: int = 4) -> None:
         self.params = params
-        self.budget = max(1, params.vector_registers - reserved)
+        self.budget = accumulator_budget(params)
         self.min_registers = max(1, min(min_registers, self.budget))
 
     def apply(self, sch: Schedule) -> bool:
