@@ -92,8 +92,8 @@ import numpy as np
 
 from benchmarks.alternatives import (error_row, onnxruntime_row, openvino_row, pytorch_row,
                                      ratios_to_best, torch_compile_row)
-from benchmarks.contenders import (Row, import_tensor_intrin, numpy_output, calibrate,
-                                   compile_metaschedule, compile_untuned, interleave,
+from benchmarks.contenders import (Row, calibrate, compile_metaschedule, fresh_work_dir,
+                                   import_tensor_intrin, numpy_output, compile_untuned, interleave,
                                    metaschedule_tasks, tvm_row)
 from benchmarks.int8 import bench_int8_model
 from benchmarks.real_models import (MODEL_NAMES, MORE_MODEL_NAMES, NOTES, cpu_model, make_model,
@@ -274,6 +274,8 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
         for budget in budgets:
             wd = os.path.join(root, f"{name}-rt{tag}-{budget}" if args.fresh
                               else f"{name}-rt{tag}")
+            if args.fresh or budget == budgets[0]:  # later budgets resume the first's
+                fresh_work_dir(wd)
             log(f"{name}: {contender} ({cost_model}), {budget} trials"
                 + ("" if args.fresh else f" (resuming {wd})"))
             start = time.perf_counter()
@@ -303,7 +305,8 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
     for secs, transfer in by_time:
         # the user's knob: a time budget, the whole compile timed; 0 = nothing measured
         tag = "" if transfer else ",no-transfer"
-        wd = os.path.join(root, f"{name}-rt-{secs:g}s{direct}{tag.replace(',', '-')}")
+        wd = fresh_work_dir(os.path.join(root, f"{name}-rt-{secs:g}s{direct}"
+                                         f"{tag.replace(',', '-')}"))
         what = "no measurement (measure=False)" if secs == 0 else f"max_time {secs:g} s"
         log(f"{name}: relax_tune, {what}{tag}, fresh work_dir")
         start = time.perf_counter()

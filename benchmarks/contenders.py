@@ -6,12 +6,22 @@ TVM (PyTorch, ONNX Runtime, OpenVINO, torch.compile): ``benchmarks.alternatives`
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+
+def fresh_work_dir(path: str) -> str:
+    """``path`` emptied for a row that must start from no records: a work_dir left by an
+    earlier run of the benchmark under the same ``--work-root`` would be resumed instead."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    return path
 
 
 def relax_tune_graph_passes(target) -> list:

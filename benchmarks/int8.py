@@ -38,7 +38,7 @@ import numpy as np
 
 from benchmarks.alternatives import (error_row, onnxruntime_row, openvino_precisions,
                                      openvino_row, pytorch_row)
-from benchmarks.contenders import Row, calibrate, interleave, numpy_output, tvm_row
+from benchmarks.contenders import Row, calibrate, fresh_work_dir, interleave, numpy_output, tvm_row
 from benchmarks.real_models import make_model
 from relax_tune.testing.quantized import output_scale
 
@@ -115,7 +115,7 @@ def bench_int8_model(name: str, args, target, root: str, threads: int, log
             start = time.perf_counter()
             try:
                 ex = tvm.compile(source.mod, target, relax_pipeline=source.compile_pipeline(
-                    target, os.path.join(root, f"{name}-{kind}-{label}"),
+                    target, fresh_work_dir(os.path.join(root, f"{name}-{kind}-{label}")),
                     cost_model=args.cost_model, **options))
                 wall = time.perf_counter() - start
                 rows.append(tvm_row(contender, label, ex, inputs_np, wall))

@@ -11,7 +11,7 @@ import torch
 from benchmarks.alternatives import (CompileTimeout, best_alternative, onnxruntime_row,
                                      openvino_precisions, openvino_row, ratios_to_best,
                                      time_limit, torch_compile_row)
-from benchmarks.contenders import Row, interleave, numpy_output
+from benchmarks.contenders import Row, fresh_work_dir, interleave, numpy_output
 
 
 def _timed(contender: str, samples: list[float]) -> Row:
@@ -32,6 +32,17 @@ def test_the_fastest_alternative_is_the_reference():
     assert rows[2].ratio_best == [1.0, 1.0, 1.0]
     assert rows[5].ratio_best == []
     assert ratios_to_best([_timed("relax_tune", [1.0])]) is None
+
+
+def test_a_fresh_row_does_not_resume_an_earlier_runs_work_dir(tmp_path):
+    """A time-budget row's work_dir left by an earlier run under the same work root is
+    emptied, not resumed with its records (rows said "fresh work_dir" and resumed)."""
+    wd = tmp_path / "resnet18-rt-60s"
+    wd.mkdir()
+    (wd / "database_tuning_record.json").write_text("{}\n")
+    assert fresh_work_dir(str(wd)) == str(wd)
+    assert not wd.exists()
+    assert fresh_work_dir(str(tmp_path / "never-made")) == str(tmp_path / "never-made")
 
 
 def test_a_slow_row_is_timed_in_the_first_round_only():
