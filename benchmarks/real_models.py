@@ -11,17 +11,18 @@ MODEL_NAMES = ["resnet18", "mobilenet_v2", "bert", "vit"]
 """The benchmark's default models."""
 
 MORE_MODEL_NAMES = ["mobilenet_v3_small", "efficientnet_b0", "shufflenet_v2_x1_0",
-                    "regnet_x_400mf"]
+                    "regnet_x_400mf", "mnasnet1_0"]
 """Models a run may name besides the defaults: torchvision's MobileNetV3-Small (squeeze-and-
 excite blocks, hardswish; issue 43's model that no earlier table or test used, on the Intel
 Xeon) and EfficientNet-B0 (squeeze-and-excite, SiLU, 3x3 and 5x5 depthwise convolutions;
 the AVX2 table's fifth model, session 13) and ShuffleNetV2 x1.0 (channel shuffles: reshape,
 transpose and split between the convolutions; the Zen 3 table's fifth model, session 19)
 and RegNetX-400MF (grouped 3x3 convolutions of 16-channel groups, residual stages; the
-Zen 4 table's new model, session 26)."""
+Zen 4 table's new model, session 26) and MNASNet 1.0 (3x3 and 5x5 depthwise convolutions
+without squeeze-and-excite, ReLU; the Intel Xeon's new model, session 40)."""
 
 TORCHVISION_CNNS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0",
-                    "shufflenet_v2_x1_0", "regnet_x_400mf")
+                    "shufflenet_v2_x1_0", "regnet_x_400mf", "mnasnet1_0")
 
 NOTES: list[str] = []
 """What this process had to work around, printed under the benchmark's table."""
