@@ -92,9 +92,9 @@ import numpy as np
 
 from benchmarks.alternatives import (error_row, onnxruntime_row, openvino_row, pytorch_row,
                                      ratios_to_best, torch_compile_row)
-from benchmarks.contenders import (Row, calibrate, compile_metaschedule, fresh_work_dir,
-                                   import_tensor_intrin, numpy_output, compile_untuned, interleave,
-                                   metaschedule_tasks, tvm_row)
+from benchmarks.contenders import (Row, calibrate, compile_metaschedule, compile_untuned,
+                                   fresh_work_dir, import_tensor_intrin, interleave,
+                                   metaschedule_tasks, numpy_output, tvm_row)
 from benchmarks.int8 import bench_int8_model
 from benchmarks.real_models import (MODEL_NAMES, MORE_MODEL_NAMES, NOTES, cpu_model, make_model,
                                     set_torch_threads)
@@ -274,10 +274,11 @@ def bench_model(name: str, args, target, root: str, threads: int) -> tuple[list[
         for budget in budgets:
             wd = os.path.join(root, f"{name}-rt{tag}-{budget}" if args.fresh
                               else f"{name}-rt{tag}")
-            if args.fresh or budget == budgets[0]:  # later budgets resume the first's
+            resume = not args.fresh and budget != budgets[0]  # later budgets resume the first's
+            if not resume:
                 fresh_work_dir(wd)
             log(f"{name}: {contender} ({cost_model}), {budget} trials"
-                + ("" if args.fresh else f" (resuming {wd})"))
+                + (f" (resuming {wd})" if resume else ""))
             start = time.perf_counter()
             try:
                 ex = relax_tune_compile(wd, budget, cost_model)
