@@ -15,6 +15,8 @@ import time
 
 import tvm
 
+from relax_tune.measure.worker_pool import TORCHLESS_DIR
+
 HOST = "127.0.0.1"  # loopback only: nothing here ever talks to another machine
 
 
@@ -48,18 +50,25 @@ class LocalRPCCluster:
         self._procs: list[subprocess.Popen] = []
         env = dict(os.environ, TVM_NUM_THREADS=str(threads))
         env.setdefault("TVM_BIND_THREADS", "0")
+        # without PyTorch, as the measurement workers: TVM's FFI imports it where it is
+        # installed, 2.5 s of the 8 s each of these processes (and each server's popen
+        # worker after it) takes to start on a Zen 3
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [TORCHLESS_DIR,
+                                                          env.get("PYTHONPATH")]))
         self._env = env
         self._tracker = self._start(["tvm.exec.rpc_tracker", "--host", HOST, "--port",
                                      str(self.tracker_port), "--port-end",
                                      str(self.tracker_port + 1), "--silent"])
+        # the servers start beside the tracker, not after it (each process spends its start
+        # importing TVM; a server retries its tracker)
+        for _ in range(n_servers):
+            self.add_server()
         deadline = time.monotonic() + start_timeout
         while not _listening(self.tracker_port):
             if time.monotonic() > deadline or self._tracker.poll() is not None:
                 self.stop()
                 raise RuntimeError("the RPC tracker did not start")
             time.sleep(0.1)
-        for _ in range(n_servers):
-            self.add_server()
         self.wait_for(n_servers, deadline)
 
     @property
