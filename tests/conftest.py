@@ -1,10 +1,5 @@
 """Shared fixtures: this machine's target, the demo model lowered, a smaller first pool,
-measurement workers kept for the whole run, the cores to itself for a timed test."""
-
-import fcntl
-import os
-import shutil
-import tempfile
+measurement workers kept for the whole run."""
 
 import pytest
 import tvm
@@ -142,46 +137,3 @@ def demo(target):
     with target:
         lowered = relax.get_pipeline("zero")(mod)
     return lowered, params
-
-
-
-# The suite runs on two pytest-xdist workers (pyproject's ``-n 2``): two tests at once, one
-# a core, where one test alone mostly keeps one core busy (it compiles, starts processes).
-# A test marked ``timed`` (its assertion reads how fast something ran: a speed comparison, a
-# time limit, a cost model fitted to timings) has the cores to itself: it takes the run's
-# lock exclusively once the other worker's test in flight has ended; other tests take it
-# shared. Whoever waits for it exclusively holds the gate meanwhile, so that the other
-# worker cannot keep it shared test after test. The lock covers a test's whole protocol,
-# so a module fixture that its first test sets up is timed alone too. One process (``-n 0``,
-# ``-p no:xdist``): no lock.
-_LOCKS = "RELAX_TUNE_TEST_LOCKS"
-
-
-def pytest_configure(config):
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller: its workers inherit it
-        os.environ[_LOCKS] = tempfile.mkdtemp(prefix="relax-tune-test-locks-")
-
-
-def pytest_unconfigure(config):
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        shutil.rmtree(os.environ.pop(_LOCKS, ""), ignore_errors=True)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    locks = os.environ.get(_LOCKS)
-    if locks is None or "PYTEST_XDIST_WORKER" not in os.environ:
-        yield
-        return
-    timed = item.get_closest_marker("timed") is not None
-    with open(os.path.join(locks, "gate"), "a") as gate, \
-            open(os.path.join(locks, "cores"), "a") as cores:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(cores, fcntl.LOCK_EX if timed else fcntl.LOCK_SH)
-        if not timed:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(cores, fcntl.LOCK_UN)
-            fcntl.flock(gate, fcntl.LOCK_UN)

@@ -362,7 +362,6 @@ def test_read_only_files_load_but_refuse_commits(tmp_path, mm):
         tmp_path.chmod(0o755)
 
 
-@pytest.mark.timed
 def test_loading_many_records_is_fast(tmp_path, mm):
     fill(JSONDatabase(work_dir=tmp_path), mm, [1e-4])
     path = tmp_path / "database_tuning_record.json"

@@ -209,7 +209,6 @@ def _per_call_secs(libs: dict, n: int, rounds: int = 7, calls: int = 20) -> dict
     return {name: float(np.median(times)) for name, times in samples.items()}
 
 
-@pytest.mark.timed
 @pytest.mark.parametrize("follow_plan", [True, False])
 def test_sizes_past_the_largest_bucket_run_its_kernel(planned, target, tmp_path, follow_plan):
     """Past the largest hinted size (64) the dispatch runs the largest bucket's kernel, not

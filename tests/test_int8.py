@@ -580,7 +580,6 @@ def test_a_reduce_range_model_is_exact_on_vpmaddubsw(tmp_path):
     assert (np.abs(got - ref) / step).max() <= STEPS["cnn"] + 1e-3
 
 
-@pytest.mark.timed
 @needs_ort
 @pytest.mark.parametrize("reduce_range", [False, True])
 def test_predicted_int8_kernels_are_faster_than_their_untuned_functions(

@@ -134,7 +134,6 @@ def test_functions_without_layout_free_buffers_are_not_packed(target):
     assert len(cands) == 4 and not any(has_layout_rewrite(c.sch.mod["main"]) for c in cands)
 
 
-@pytest.mark.timed  # a blocked candidate must win the measurement
 def test_pipeline_prepacks_bound_weights_at_compile_time(target, tmp_path):
     mod, _ = get_model("mlp")
     arrays = model_inputs(mod)
@@ -164,7 +163,6 @@ def test_pipeline_prepacks_bound_weights_at_compile_time(target, tmp_path):
     assert "_prepacked" in forward and "_weight_prepack" not in forward  # folded away
 
 
-@pytest.mark.timed  # a blocked candidate must win the measurement
 def test_pipeline_prepacks_lifted_weights_in_transform_params(target, tmp_path):
     """Lifted weights are packed by forward_transform_params; the tasks are the bound
     model's, so records tuned with bound weights serve the lifted build too."""

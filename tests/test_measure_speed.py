@@ -22,8 +22,6 @@ from relax_tune.measure.measurer import Incumbent
 
 from relax_tune.testing.workloads import matmul_mod, tiled_matmul_trace
 
-pytestmark = pytest.mark.timed  # every test here reads how fast candidates ran
-
 
 @pytest.fixture(scope="module")
 def mod256():

@@ -2,7 +2,6 @@
 task and ApplyDatabase keeps it whenever no tuned schedule beats it."""
 
 import numpy as np
-import pytest
 import tvm
 import tvm_ffi
 from tvm import relax, te
@@ -12,8 +11,6 @@ from relax_tune.demo import demo_inputs
 from relax_tune.search import ReplaySearch
 from relax_tune.database import BASELINE_TRACE
 from relax_tune.utils import args_info, normalize_mod
-
-pytestmark = pytest.mark.timed  # every test here compares tuned and untuned speed
 
 
 def _matmul(n=32):

@@ -54,7 +54,6 @@ class CountingRunner(LocalRunner):
         return super().run_and_fetch(*args, **kwargs)
 
 
-@pytest.mark.timed
 @pytest.mark.parametrize("name", list(MODELS))
 def test_no_measurement_compile_times_nothing_is_correct_and_not_slower(name, target,
                                                                         tmp_path):
@@ -87,7 +86,6 @@ def test_no_measurement_compile_times_nothing_is_correct_and_not_slower(name, ta
     assert_function_faster(vm["forward"], uvm["forward"], args)
 
 
-@pytest.mark.timed
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_predicted_kernel_is_faster_than_its_untuned_function(name, target, tmp_path,
                                                                     shared_builder,
@@ -121,7 +119,6 @@ def test_every_predicted_kernel_is_faster_than_its_untuned_function(name, target
     assert checked >= 2 and checked + tiny >= 3
 
 
-@pytest.mark.timed
 def test_max_time_holds_with_slow_baselines_and_says_what_it_left(tmp_path, target, caplog,
                                                                   own_workers):
     """Sixteen tasks whose untuned functions take a tenth of a second or more, full-size
@@ -149,7 +146,6 @@ def test_max_time_holds_with_slow_baselines_and_says_what_it_left(tmp_path, targ
         assert "keep their untuned code" in caplog.text
 
 
-@pytest.mark.timed
 def test_a_time_budget_counts_seconds_in_its_progress(tmp_path, target, caplog):
     """Under ``max_time`` alone the progress lines count the limit's seconds, not the 10**9
     trials that stand for "no trial limit" (a resumed session too, whose trials left are

@@ -178,7 +178,6 @@ def _kill_when_busy(cluster: LocalRPCCluster, victim, sig: int, log: list,
     return thread
 
 
-@pytest.mark.timed
 @pytest.mark.parametrize("fault", ["killed", pytest.param("hung", marks=pytest.mark.slow)])
 def test_server_lost_mid_batch(builder, target, fault):
     """One of two servers is SIGKILLed (or SIGSTOPped: hangs) while both are measuring: its

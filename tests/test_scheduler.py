@@ -53,7 +53,6 @@ def test_gradient_scheduler_prefers_the_heavy_task_pure():
     assert RoundRobinScheduler().next_task([heavy, light, fresh]) == 2
 
 
-@pytest.mark.timed
 def test_gradient_gives_more_trials_to_the_heavier_task_than_round_robin(two_task_model,
                                                                          tmp_path):
     """After both first batches, two batches left: the gradient gives both to the heavy
