@@ -36,6 +36,25 @@ def _run(mod, target, args):
     return args[-1].numpy()
 
 
+UNROLL_PRAGMAS = ("pragma_auto_unroll_max_step", "pragma_unroll_explicit")
+
+
+def _without_unroll(sch) -> tvm.IRModule:
+    """The candidate's module without its unroll pragmas: unrolling changes no value a tile
+    writes, and a candidate's 512-step explicit unroll of a 48-channel group took 27-31 s of
+    LLVM each on AVX-512 (AMD EPYC Zen 4; the [96-2] case ran 191 s, 7 s on a Zen 3)."""
+    sch = sch.copy()
+    blocks = [sch.get_sblock("root")]
+    while blocks:
+        block = blocks.pop()
+        for loop in sch.get_loops(block):
+            for key in UNROLL_PRAGMAS:
+                if key in sch.get(loop).annotations:
+                    sch.unannotate(loop, key)
+        blocks += sch.get_child_blocks(block)
+    return sch.mod
+
+
 @pytest.mark.parametrize("channels,groups", [(64, 8), (96, 2)])  # 8 and 48 a group
 def test_every_candidate_of_a_grouped_convolution_is_correct(channels, groups):
     """Tiles of part of the channels within a group and of several groups wrote channels
@@ -54,7 +73,7 @@ def test_every_candidate_of_a_grouped_convolution_is_correct(channels, groups):
         for seed in range(1, 7):  # TVM's seeds start at 1 (0: a random one)
             candidate = space.replay(mod, without_decisions(sketch), seed=seed)
             if candidate.error is None:
-                np.testing.assert_allclose(_run(candidate.sch.mod, target, args), ref,
+                np.testing.assert_allclose(_run(_without_unroll(candidate.sch), target, args), ref,
                                            rtol=1e-5, atol=1e-4)
                 checked += 1
     # which samples the register-tile check keeps depends on the CPU (6 and 9 of 18 on a
