@@ -9,6 +9,7 @@ from tvm import relax
 import relax_tune as rt
 from relax_tune.lowering.prepare import lower_for_tuning
 from relax_tune.space import generate_design_space, space_for_target, without_decisions
+from relax_tune.space.analysis import collect_blocks
 from relax_tune.space.params import ANN_WHOLE_LOOP
 from relax_tune.testing.int8_kernels import kernel_args
 from relax_tune.transform import extract_tasks
@@ -44,14 +45,11 @@ def _without_unroll(sch) -> tvm.IRModule:
     writes, and a candidate's 512-step explicit unroll of a 48-channel group took 27-31 s of
     LLVM each on AVX-512 (AMD EPYC Zen 4; the [96-2] case ran 191 s, 7 s on a Zen 3)."""
     sch = sch.copy()
-    blocks = [sch.get_sblock("root")]
-    while blocks:
-        block = blocks.pop()
+    for block in collect_blocks(sch):
         for loop in sch.get_loops(block):
             for key in UNROLL_PRAGMAS:
                 if key in sch.get(loop).annotations:
                     sch.unannotate(loop, key)
-        blocks += sch.get_child_blocks(block)
     return sch.mod
 
 
