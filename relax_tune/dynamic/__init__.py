@@ -18,18 +18,16 @@ calls in here; nothing outside this package knows how.
 """
 
 from .buckets import Bucket, buckets_for, specialize, symbolic_vars
-from .dispatch import (BOUNDS_KEY, dispatch_function, dispatch_module, dispatch_workload,
-                       upper_limit)
+from .dispatch import dispatch_function, dispatch_module, dispatch_workload, upper_limit
 from .hints import DEFAULT_MAX_SIZE, ShapeHints, default_sizes, normalize_hints, parse_shape_hints
 from .replay import parallel_variable_factors, replay_symbolic, symbolic_trace_json, vector_tile
 from .tiles import unswitch_partial_tiles
 from .workloads import dynamic_base, dynamic_workloads, upper_bounds
 
-from .dispatch import _bound_intermediates  # noqa: F401 (the tests reach it here)
 from .tiles import _predicated_blocks  # noqa: F401 (the tests reach it here)
 
 __all__ = [
-    "BOUNDS_KEY", "Bucket", "DEFAULT_MAX_SIZE", "ShapeHints", "buckets_for", "default_sizes",
+    "Bucket", "DEFAULT_MAX_SIZE", "ShapeHints", "buckets_for", "default_sizes",
     "dispatch_function", "dispatch_module", "dispatch_workload", "dynamic_base",
     "dynamic_workloads", "normalize_hints", "parallel_variable_factors", "parse_shape_hints",
     "replay_symbolic", "specialize", "symbolic_trace_json", "symbolic_vars",

@@ -19,15 +19,16 @@ workload so that a build worker builds it with ``dispatch_module`` (the measurem
 
 from __future__ import annotations
 
-import ast
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 
 import tvm
+import tvm_ffi
 from tvm import tirx
+from tvm.ir.expr import Var
 from tvm.s_tir import SBlock, SBlockRealize
+from tvm_ffi import DefRegionKind
 
 from ..utils import RelaxTuneError
 from .buckets import _dtype, symbolic_vars
@@ -97,12 +98,9 @@ def dispatch_function(func: tirx.PrimFunc,
             above = _mark_bounds(branch.body, open_limits, variables)
             body = above if open_cond is None else tirx.IfThenElse(open_cond, above, body)
         body = tirx.IfThenElse(cond, _mark_bounds(branch.body, limits, variables), body)
-    # The branches share loop variables and intermediate buffers with each other and with
-    # ``func``, which the compiler rejects. TVMScript prints each definition site as its own
-    # allocation, and parsing gives each its own object (TVM's ConvertSSA renames the loop
-    # variables but not the blocks' buffers; RenewDefs renews the parameters too).
-    text = tvm.IRModule({"main": func.with_body(body)}).script()
-    return tvm.script.from_source(_bound_intermediates(text))["main"]
+    # an implicit root block around it all, as TVMScript's parser makes for an s_tir function
+    root = SBlock([], [], [], "root", body)
+    return func.with_body(SBlockRealize([], tirx.const(True, "bool"), root))
 
 
 def _merged(ranges: Sequence[Sequence[int | None]]) -> list[tuple[int, int | None]]:
@@ -135,33 +133,11 @@ def _in_range(var: tirx.Var, low: int, high: int | None):
     return tirx.And(value(low) <= var, var <= value(high))
 
 
-BOUNDS_KEY = "relax_tune.bounded_intermediates"
-"""Root-block annotation of a dispatch branch, ``{var name: "T.int64(limit)"}``, read and
-removed by ``_bound_intermediates`` (TVMScript text)."""
-
-
 def _mark_bounds(stmt, limits: Mapping[str, int], variables: Mapping) -> tirx.Stmt:
-    """``stmt`` (a branch's root block) annotated with the largest value of each symbolic
-    variable its branch serves (none in ``limits``: its intermediates stay symbolic)."""
-    if not isinstance(stmt, SBlockRealize) or not limits:
-        return stmt
-    block = stmt.block
-    annotations = dict(block.annotations)
-    annotations[BOUNDS_KEY] = {name: f"T.{_dtype(variables[name])}({int(limit)})"
-                               for name, limit in limits.items()}
-    block = SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, block.body,
-                   block.init, block.alloc_buffers, block.match_buffers, annotations)
-    return SBlockRealize(stmt.iter_values, stmt.predicate, block)
-
-
-_ATTR_LINE = re.compile(r"^(\s*)T\.sblock_attr\((\{.*\})\)\s*$")
-_BOUNDS_ENTRY = re.compile('"' + re.escape(BOUNDS_KEY) + r'": (\{[^{}]*\})(, )?')
-_ALLOC_LINE = re.compile(r"^(\s*)\w+ = T\.sblock_alloc_buffer\(")
-
-
-def _bound_intermediates(text: str) -> str:
-    """The dispatch function's TVMScript ``text`` with each branch's intermediate buffers
-    sized for the largest value its branch serves.
+    """A copy of ``stmt`` (a branch's body) with definitions of its own, so that no loop
+    variable or buffer is defined twice in the dispatching function (the compiler rejects
+    that), and its root block's intermediate buffers sized for the largest value of each
+    symbolic variable its branch serves (``limits``; none: they stay symbolic).
 
     An intermediate of shape ``(1, 8, n, n)`` allocated in a branch that runs for
     ``n <= 362`` becomes ``(1, 8, 362, 362)``: every access stays below ``n``. What matters is
@@ -170,45 +146,31 @@ def _bound_intermediates(text: str) -> str:
     q k^T + causal mask several times slower than the static kernel at the bucket's own size
     (measured: docs/design/dynamic-shapes.md, "Intermediates sized per branch"); with a
     constant shape the tile is constant too. Only dimensions that are exactly a symbolic
-    variable are replaced (anything else is left symbolic). Text, because TVM 0.27 has no
-    Python mutator to re-point a buffer's uses."""
-    lines = text.splitlines()
-    out, i = [], 0
-    while i < len(lines):
-        match = _ATTR_LINE.match(lines[i])
-        entry = _BOUNDS_ENTRY.search(lines[i]) if match else None
-        if entry is None:
-            out.append(lines[i])
-            i += 1
-            continue
-        limits = ast.literal_eval(entry.group(1))
-        rest = (lines[i][:entry.start()] + lines[i][entry.end():]).replace(", }", "}")
-        if not rest.endswith("T.sblock_attr({})"):
-            out.append(rest)
-        i += 1
-        indent = match.group(1)
-        # the block's allocations follow its attributes at the same indentation
-        while i < len(lines) and (alloc := _ALLOC_LINE.match(lines[i])) and \
-                alloc.group(1) == indent:
-            out.append(indent + _bounded_alloc(lines[i].strip(), limits))
-            i += 1
-    return "\n".join(out) + "\n"
+    variable are replaced (anything else is left symbolic)."""
+    bounds = {name: tirx.IntImm(_dtype(variables[name]), int(limit))
+              for name, limit in limits.items()}
+    sized = set()
+    if isinstance(stmt, SBlockRealize) and bounds:
+        sized = {hash(buf) for buf in stmt.block.alloc_buffers}
+    renewed: dict[int, Var] = {}
 
+    def renew(var: Var, kind: DefRegionKind) -> Var:
+        # definitions come before their uses in the walk; a definition met again (the two
+        # copies of an unswitched tile share theirs) gets another new variable
+        key = hash(var)
+        if kind == DefRegionKind.NONE:
+            return renewed.get(key, var)
+        ty = var.ty
+        if key in sized and isinstance(ty, tirx.BufferType):
+            shape = [bounds.get(dim.name, dim) if isinstance(dim, Var) else dim
+                     for dim in ty.shape]
+            ty = tirx.BufferType(ty.dtype, ty.storage_scope, shape, ty.strides,
+                                 ty.elem_offset, ty.data_alignment, ty.offset_factor,
+                                 ty.layout, ty.allocated_addr)
+        renewed[key] = Var(var.name, ty)
+        return renewed[key]
 
-def _bounded_alloc(line: str, limits: Mapping[str, str]) -> str:
-    """An allocation line ``name = T.sblock_alloc_buffer((d0, d1, ...), ...)`` with each
-    dimension that is exactly a variable of ``limits`` replaced by its limit; unchanged
-    when no dimension is."""
-    tree = ast.parse(line)
-    shape = tree.body[0].value.args[0]
-    if not isinstance(shape, ast.Tuple):
-        return line
-    changed = False
-    for k, dim in enumerate(shape.elts):
-        if isinstance(dim, ast.Name) and dim.id in limits:
-            shape.elts[k] = ast.parse(limits[dim.id], mode="eval").body
-            changed = True
-    return ast.unparse(tree) if changed else line
+    return tvm_ffi.structural_map(stmt, with_def_region_kind=((Var,), renew), order="pre")
 
 
 # ------------------------------------------------------------------------------------------
