@@ -39,7 +39,7 @@ def unswitch_partial_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     16 inside its chunk loop (only the last chunk is partial). Up to ``UNSWITCH_DEPTH``
     tests nest.
     A predicate whose bound cannot be expressed stays where it is. The result shares
-    definitions between the two copies; ``dispatch_function``'s print/parse renews them."""
+    definitions between the two copies; ``dispatch_function`` gives each its own."""
     root = func.body
     if not isinstance(root, SBlockRealize):
         return func
